@@ -1,0 +1,284 @@
+/* SPDX-License-Identifier: MIT */
+/*
+ * arena.c - make an arena, open one from its two fds, close it.
+ */
+#include <errno.h>
+#include <fcntl.h>
+#include <stdio.h>
+#include <stdlib.h>
+#include <string.h>
+#include <sys/mman.h>
+#include <unistd.h>
+
+#include "arena_pvt.h"
+
+static uint32_t default_cache(uint32_t blocks, uint32_t workers)
+{
+	/* Cached blocks are invisible to other workers: keep all caches together
+	 * under 1/16 of the arena, and do not bother below 8 blocks. */
+	uint64_t c = blocks / (16ull * workers);
+
+	if (c > 256)
+		c = 256;
+	return c < 8 ? 0 : (uint32_t)c;
+}
+
+static int opts_check(const struct kva_arena_opts *o, uint32_t *workers, uint32_t *cache)
+{
+	*workers = o->max_workers ? o->max_workers : KVA_MAX_WORKERS;
+	if (*workers > KVA_MAX_WORKERS)
+		return kva__err(-EINVAL, "options: max_workers %u above %u", o->max_workers,
+				KVA_MAX_WORKERS);
+	if (o->cache_blocks == KVA_CACHE_NONE)
+		*cache = 0;
+	else if (o->cache_blocks == 0)
+		*cache = default_cache(o->blocks, *workers);
+	else if (o->cache_blocks > KVA__CACHE_MAX)
+		return kva__err(-EINVAL, "options: cache_blocks %u above %u", o->cache_blocks,
+				KVA__CACHE_MAX);
+	else
+		*cache = o->cache_blocks;
+	if (o->flags & ~KVA_ARENA_HUGETLB)
+		return kva__err(-EINVAL, "options: unknown flags %#x", o->flags);
+	if (o->numa_node < -1)
+		return kva__err(-EINVAL, "options: numa_node %d", o->numa_node);
+	return 0;
+}
+
+/* Initial contents of a fresh metadata region: every block free and findable. */
+static void meta_init(uint8_t *meta, const struct kva__header *h)
+{
+	_Atomic uint64_t *l0 = (_Atomic uint64_t *)(meta + h->l0_off);
+	_Atomic uint64_t *l1 = (_Atomic uint64_t *)(meta + h->l1_off);
+
+	/* slots (FREE, generation 0) and descriptors (FREE, epoch 0) are all-zero
+	 * words, which a fresh memfd already is */
+	for (uint64_t w = 0; w < h->l0_words; w++) {
+		uint64_t left = h->blocks - w * 64;
+
+		atomic_init(&l0[w], left >= 64 ? ~0ull : (1ull << left) - 1);
+		atomic_init(&l1[w / 64], atomic_load_explicit(&l1[w / 64], memory_order_relaxed) |
+						 1ull << (w % 64));
+	}
+	memcpy(meta, h, sizeof(*h));
+}
+
+int kva_arena_create(const struct kva_geometry *g, const struct kva_arena_opts *o,
+		     struct kva_arena **out)
+{
+	struct kva_block_layout l;
+	struct kva__meta_layout m;
+	struct kva__header h;
+	uint32_t workers = 0, cache = 0;
+	uint64_t data_size, meta_size;
+	int meta_fd = -1, data_fd = -1, ret;
+	bool huge;
+	void *meta = NULL, *data = NULL;
+
+	if (!g || !o || !out)
+		return kva__err(-EINVAL, "kva_arena_create: NULL argument");
+	kva__err_clear();
+	if ((ret = kva_geometry_layout(g, o->blocks, &l)) < 0 ||
+	    (ret = opts_check(o, &workers, &cache)) < 0)
+		return ret;
+	kva__meta_layout(o->blocks, workers, &m);
+
+	memset(&h, 0, sizeof(h));
+	h.magic = KVA__MAGIC;
+	h.abi_version = KVA__ABI_VERSION;
+	h.header_bytes = sizeof(h);
+	h.block_tokens = g->block_tokens;
+	h.layers = g->layers;
+	h.kv_heads = g->kv_heads;
+	h.head_dim = g->head_dim;
+	h.dtype = g->dtype;
+	h.layout = g->layout;
+	h.blocks = o->blocks;
+	h.max_workers = workers;
+	h.cache_blocks = cache;
+	h.numa_node = o->numa_node;
+	h.block_bytes = l.block_bytes;
+	h.block_stride = l.block_stride;
+	h.page_bytes = l.page_bytes;
+	h.data_bytes = l.data_bytes;
+	h.meta_bytes = m.meta_bytes;
+	h.pool_off = m.pool_off;
+	h.slots_off = m.slots_off;
+	h.desc_off = m.desc_off;
+	h.l0_off = m.l0_off;
+	h.l1_off = m.l1_off;
+	h.l0_words = m.l0_words;
+	h.l1_words = m.l1_words;
+	snprintf(h.name, sizeof(h.name), "%s", o->name ? o->name : "kvarena");
+
+	ret = kva__region_create("kvarena-meta", m.meta_bytes, false, &meta_fd, &meta_size);
+	if (ret < 0) {
+		kva__err(ret, "metadata memfd of %llu bytes: %s",
+			 (unsigned long long)m.meta_bytes, strerror(-ret));
+		goto fail;
+	}
+	huge = o->flags & KVA_ARENA_HUGETLB;
+	ret = kva__region_create("kvarena-data", l.data_bytes, huge, &data_fd, &data_size);
+	if (ret < 0 && huge) {
+		/* asked for huge pages but the system has none to give: ordinary pages */
+		huge = false;
+		ret = kva__region_create("kvarena-data", l.data_bytes, false, &data_fd, &data_size);
+	}
+	if (ret < 0) {
+		kva__err(ret, "data memfd of %llu bytes: %s", (unsigned long long)l.data_bytes,
+			 strerror(-ret));
+		goto fail;
+	}
+	h.flags = huge ? KVA__HDR_HUGETLB : 0;
+	h.checksum = kva__header_checksum(&h);
+
+	if ((ret = kva__region_map(meta_fd, meta_size, &meta)) < 0) {
+		kva__err(ret, "mapping the metadata region: %s", strerror(-ret));
+		goto fail;
+	}
+	if (o->numa_node >= 0) {
+		if ((ret = kva__region_map(data_fd, data_size, &data)) < 0) {
+			kva__err(ret, "mapping the data region: %s", strerror(-ret));
+			goto fail;
+		}
+		ret = kva__region_bind_node(data, data_size, o->numa_node);
+		munmap(data, data_size);
+		if (ret < 0) {
+			kva__err(ret, "binding the data region to NUMA node %d: %s", o->numa_node,
+				 ret == -EINVAL ? "no such node" : strerror(-ret));
+			goto fail;
+		}
+	}
+	meta_init(meta, &h);
+	munmap(meta, meta_size);
+	meta = NULL;
+	if ((ret = kva__region_seal(meta_fd)) < 0 || (ret = kva__region_seal(data_fd)) < 0) {
+		kva__err(ret, "sealing the regions: %s", strerror(-ret));
+		goto fail;
+	}
+	/* from here on the creator is one more opener */
+	ret = kva_arena_open(meta_fd, data_fd, out);
+fail:
+	if (meta)
+		munmap(meta, meta_size);
+	if (meta_fd >= 0)
+		close(meta_fd);
+	if (data_fd >= 0)
+		close(data_fd);
+	return ret;
+}
+
+int kva_arena_open(int meta_fd, int data_fd, struct kva_arena **out)
+{
+	struct kva_arena *a;
+	uint64_t meta_size, data_size;
+	void *p;
+	ssize_t n;
+	int ret;
+
+	if (!out)
+		return kva__err(-EINVAL, "kva_arena_open: NULL argument");
+	kva__err_clear();
+	if (meta_fd < 0 || data_fd < 0)
+		return kva__err(-EBADF, "kva_arena_open: negative fd");
+	if ((ret = kva__region_size(meta_fd, &meta_size)) < 0)
+		return kva__err(ret, "metadata fd: not a memory file (%s)", strerror(-ret));
+	if ((ret = kva__region_size(data_fd, &data_size)) < 0)
+		return kva__err(ret, "data fd: not a memory file (%s)", strerror(-ret));
+	if (kva__region_seals_ok(meta_fd) < 0)
+		return kva__err(-EBADMSG, "metadata fd is not sealed against shrink and grow");
+	if (kva__region_seals_ok(data_fd) < 0)
+		return kva__err(-EBADMSG, "data fd is not sealed against shrink and grow");
+
+	a = calloc(1, sizeof(*a));
+	if (!a)
+		return -ENOMEM;
+	a->meta_fd = a->data_fd = -1;
+	/* a private copy, read once: what is validated is what is used */
+	n = pread(meta_fd, &a->hdr, sizeof(a->hdr), 0);
+	if (n != (ssize_t)sizeof(a->hdr)) {
+		ret = kva__err(-EBADMSG, "metadata file is %llu bytes, shorter than a header",
+			       (unsigned long long)meta_size);
+		goto fail;
+	}
+	if ((ret = kva__header_validate(&a->hdr, meta_size, data_size)) < 0)
+		goto fail;
+
+	a->meta_fd = fcntl(meta_fd, F_DUPFD_CLOEXEC, 0);
+	a->data_fd = fcntl(data_fd, F_DUPFD_CLOEXEC, 0);
+	if (a->meta_fd < 0 || a->data_fd < 0) {
+		ret = kva__err(-errno, "duplicating the region fds: %s", strerror(errno));
+		goto fail;
+	}
+	if ((ret = kva__region_map(a->meta_fd, meta_size, &p)) < 0) {
+		kva__err(ret, "mapping the metadata region: %s", strerror(-ret));
+		goto fail;
+	}
+	a->meta = p;
+	if ((ret = kva__region_map(a->data_fd, data_size, &p)) < 0) {
+		kva__err(ret, "mapping the data region: %s", strerror(-ret));
+		goto fail;
+	}
+	a->data = p;
+	a->data_map_bytes = data_size;
+
+	a->blocks = a->hdr.blocks;
+	a->max_workers = a->hdr.max_workers;
+	a->l0_words = (uint32_t)a->hdr.l0_words;
+	a->l1_words = (uint32_t)a->hdr.l1_words;
+	a->pool = (struct kva__pool *)(a->meta + a->hdr.pool_off);
+	a->slots = (struct kva__slot *)(a->meta + a->hdr.slots_off);
+	a->desc = (_Atomic uint64_t *)(a->meta + a->hdr.desc_off);
+	a->l0 = (_Atomic uint64_t *)(a->meta + a->hdr.l0_off);
+	a->l1 = (_Atomic uint64_t *)(a->meta + a->hdr.l1_off);
+
+	a->info.geometry = (struct kva_geometry){
+		.block_tokens = a->hdr.block_tokens, .layers = a->hdr.layers,
+		.kv_heads = a->hdr.kv_heads, .head_dim = a->hdr.head_dim,
+		.dtype = (enum kva_dtype)a->hdr.dtype, .layout = (enum kva_layout)a->hdr.layout,
+	};
+	kva_geometry_layout(&a->info.geometry, a->blocks, &a->info.layout);
+	a->info.blocks = a->blocks;
+	a->info.max_workers = a->max_workers;
+	a->info.cache_blocks = a->hdr.cache_blocks;
+	a->info.hugetlb = !!(a->hdr.flags & KVA__HDR_HUGETLB);
+	a->info.numa_node = a->hdr.numa_node;
+	a->info.meta_bytes = a->hdr.meta_bytes;
+	a->info.alloc_meta_bytes = a->hdr.meta_bytes - a->hdr.desc_off;
+	memcpy(a->info.name, a->hdr.name, sizeof(a->info.name));
+	*out = a;
+	return 0;
+fail:
+	kva_arena_close(a);
+	return ret;
+}
+
+void kva_arena_close(struct kva_arena *a)
+{
+	if (!a)
+		return;
+	if (a->meta)
+		munmap(a->meta, a->hdr.meta_bytes);
+	if (a->data)
+		munmap(a->data, a->data_map_bytes);
+	if (a->meta_fd >= 0)
+		close(a->meta_fd);
+	if (a->data_fd >= 0)
+		close(a->data_fd);
+	free(a);
+}
+
+const struct kva_arena_info *kva_arena_info(const struct kva_arena *a)
+{
+	return a ? &a->info : NULL;
+}
+
+int kva_arena_meta_fd(const struct kva_arena *a)
+{
+	return a ? a->meta_fd : -EINVAL;
+}
+
+int kva_arena_data_fd(const struct kva_arena *a)
+{
+	return a ? a->data_fd : -EINVAL;
+}

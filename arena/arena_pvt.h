@@ -1,0 +1,284 @@
+/* SPDX-License-Identifier: MIT */
+/*
+ * arena_pvt.h - the metadata region's layout and the allocator's private types.
+ *
+ * Metadata region (a memfd sealed against shrink and grow), at offsets fixed by
+ * kva__meta_layout() from the header's geometry, never read back as pointers:
+ *
+ *   [0, 4096)   header        written once by the creator, then only read
+ *   pool_off    pool state    one line of hints about the pool (struct kva__pool)
+ *   slots_off   slot table    max_workers x struct kva__slot
+ *   desc_off    descriptors   blocks x 64-bit word: the truth of every block
+ *   l0_off      free hints    one bit per block: "this block may be free"
+ *   l1_off      summary       one bit per l0 word: "that word may have bits"
+ *
+ * That is 8 + 1/8 + 1/4096 bytes of allocator state per block.
+ */
+#ifndef KVA_ARENA_PVT_H
+#define KVA_ARENA_PVT_H
+
+#include <stdalign.h>
+#include <stdatomic.h>
+#include <stdbool.h>
+#include <stdint.h>
+#include <sys/types.h>
+
+#include "kvarena.h"
+
+#define likely(x) __builtin_expect(!!(x), 1)
+#define unlikely(x) __builtin_expect(!!(x), 0)
+
+#define KVA__MAGIC 0x31414e455241564bull /* "KVARENA1" read as a little-endian word */
+#define KVA__ABI_VERSION 1u
+#define KVA__HEADER_BYTES 4096u
+#define KVA__HDR_HUGETLB 0x1u
+#define KVA__CACHE_MAX 65536u
+
+/*
+ * The header. Written by kva_arena_create() before the region's fd is handed to
+ * anyone, never written again. Every process copies it to private memory,
+ * validates the copy (checksum, each field, and the layout recomputed from the
+ * geometry) and uses only the copy: a worker scribbling on the shared header
+ * after that changes nothing for the others.
+ */
+struct kva__header {
+	uint64_t magic;
+	uint32_t abi_version;
+	uint32_t header_bytes;  /* sizeof(struct kva__header) */
+	uint32_t block_tokens, layers, kv_heads, head_dim;
+	uint32_t dtype, layout;
+	uint32_t blocks, max_workers;
+	uint32_t cache_blocks, flags;
+	int32_t numa_node;
+	uint32_t reserved0;
+	uint64_t block_bytes, block_stride, page_bytes, data_bytes;
+	uint64_t meta_bytes, pool_off, slots_off, desc_off, l0_off, l1_off;
+	uint64_t l0_words, l1_words;
+	char name[32];
+	uint64_t checksum;      /* XXH64 of every byte above, seed KVA__HDR_SEED */
+};
+
+#define KVA__HDR_SEED 0x6b76617265616e61ull
+
+/*
+ * Pool state. pressure is set by a worker whose claim came back short (the
+ * arena is nearly full) and cleared by one whose claim was filled; any worker
+ * writes it, only at those transitions, with relaxed stores after a load that
+ * saw the other value. While it is set, workers free straight to the pool and
+ * keep no cache, so blocks stop sitting idle in one worker's cache while
+ * another gets -ENOSPC. It is a hint: a crash leaves it either way and the
+ * next claim corrects it.
+ */
+struct kva__pool {
+	alignas(128) _Atomic uint32_t pressure;
+};
+
+/*
+ * A worker slot. The state word is claimed by a joiner (CAS FREE -> JOINING),
+ * published LIVE by it, and taken back by kva_worker_leave() or a reclaimer
+ * (CAS -> RECLAIMING -> FREE with the generation bumped). The other fields of
+ * the first line are written by the joiner between JOINING and LIVE (release
+ * on LIVE); readers (stats, reclaim) read them after an acquire load of the
+ * state. The second line holds counters only the slot's own worker writes,
+ * with relaxed stores; ops tools read them as hints. If the joiner dies while
+ * JOINING, the pid in the state word is enough to reclaim the slot.
+ */
+struct kva__slot {
+	alignas(128) _Atomic uint64_t state; /* see kva__slot_word() */
+	_Atomic uint64_t start_time;         /* /proc/<pid>/stat starttime; 0 = unknown */
+	_Atomic int64_t owner_pid;           /* the joiner, kept through RECLAIMING */
+	_Atomic uint64_t name[4];            /* 31 bytes and a NUL */
+	alignas(64) _Atomic uint64_t cached;
+	_Atomic uint64_t allocs, frees, shares, refills, flushes;
+};
+
+_Static_assert(sizeof(struct kva__slot) == 128, "one slot is two cache lines");
+
+/* Slot state word: kind (2 bits) | generation (24 bits) | pid (32 bits). */
+#define KVA__S_KIND_SHIFT 62
+#define KVA__S_GEN_SHIFT 32
+#define KVA__S_GEN_MASK 0xffffffull
+
+static inline uint64_t kva__slot_word(uint32_t kind, uint32_t gen, int32_t pid)
+{
+	return ((uint64_t)kind << KVA__S_KIND_SHIFT) |
+	       ((uint64_t)(gen & KVA__S_GEN_MASK) << KVA__S_GEN_SHIFT) | (uint32_t)pid;
+}
+static inline uint32_t kva__slot_kind(uint64_t s) { return (uint32_t)(s >> KVA__S_KIND_SHIFT); }
+static inline uint32_t kva__slot_gen(uint64_t s)
+{
+	return (uint32_t)((s >> KVA__S_GEN_SHIFT) & KVA__S_GEN_MASK);
+}
+static inline int32_t kva__slot_pid(uint64_t s) { return (int32_t)(uint32_t)s; }
+
+/*
+ * A block descriptor, one 64-bit word per block:
+ *
+ *   63..62  kind    FREE, OWNED (one worker, its cache included) or SHARED
+ *   61..60  flags   zero (kept for the prefix index)
+ *   59..48  epoch   bumped each time the block becomes free: a CAS that
+ *                   expected the block's previous life fails
+ *   47..0   payload FREE: 0; OWNED: slot (bits 0..7) | slot generation
+ *                   (bits 8..31); SHARED: one holder bit per slot
+ *
+ * Writers: a FREE word is claimed by CAS (any worker). An OWNED word is
+ * written only by its owner (no other worker may touch it, which is what lets
+ * the owner's cache and frees run without atomic read-modify-writes), or by a
+ * reclaimer once the owner is dead. A SHARED word is changed by CAS by any
+ * holder, by a worker joining the holders, and by a reclaimer. A crash
+ * between two of these steps leaves every word at one of its states: the
+ * claim of a block and the record of its owner are the same instruction.
+ */
+#define KVA__D_KIND_SHIFT 62
+#define KVA__D_EPOCH_SHIFT 48
+#define KVA__D_EPOCH_MASK 0xfffull
+#define KVA__D_PAYLOAD_MASK ((1ull << 48) - 1)
+#define KVA__D_FLAGS_MASK (3ull << 60)
+#define KVA__D_FREE 0u
+#define KVA__D_OWNED 1u
+#define KVA__D_SHARED 2u
+
+static inline uint32_t kva__d_kind(uint64_t d) { return (uint32_t)(d >> KVA__D_KIND_SHIFT); }
+static inline uint64_t kva__d_epoch(uint64_t d)
+{
+	return (d >> KVA__D_EPOCH_SHIFT) & KVA__D_EPOCH_MASK;
+}
+static inline uint64_t kva__d_payload(uint64_t d) { return d & KVA__D_PAYLOAD_MASK; }
+static inline uint64_t kva__d_make(uint32_t kind, uint64_t epoch, uint64_t payload)
+{
+	return ((uint64_t)kind << KVA__D_KIND_SHIFT) |
+	       ((epoch & KVA__D_EPOCH_MASK) << KVA__D_EPOCH_SHIFT) | payload;
+}
+static inline uint64_t kva__owner_tag(uint32_t slot, uint32_t gen)
+{
+	return (uint64_t)slot | ((uint64_t)(gen & KVA__S_GEN_MASK) << 8);
+}
+static inline uint32_t kva__tag_slot(uint64_t payload) { return (uint32_t)(payload & 0xff); }
+static inline uint32_t kva__tag_gen(uint64_t payload)
+{
+	return (uint32_t)((payload >> 8) & KVA__S_GEN_MASK);
+}
+/* The free word that follows a block's life @d. */
+static inline uint64_t kva__d_next_free(uint64_t d)
+{
+	return kva__d_make(KVA__D_FREE, kva__d_epoch(d) + 1, 0);
+}
+
+/* An arena mapping in this process. Everything here is private memory. */
+struct kva_arena {
+	struct kva__header hdr;      /* validated private copy */
+	struct kva_arena_info info;
+	int meta_fd, data_fd;
+	uint8_t *meta;
+	uint8_t *data;
+	size_t data_map_bytes;
+	struct kva__pool *pool;
+	struct kva__slot *slots;
+	_Atomic uint64_t *desc;
+	_Atomic uint64_t *l0;
+	_Atomic uint64_t *l1;
+	uint32_t blocks, l0_words, l1_words, max_workers;
+};
+
+/*
+ * Private state of one block as seen by one worker, in that worker's memory:
+ * 0 not held; KVA__PRIV_EXCL held exclusively (the descriptor says OWNED by
+ * us); n in 1..KVA__PRIV_MAXREF we hold n references to a shared block (the
+ * descriptor has our holder bit). A block in our cache is 0 here and OWNED by
+ * us in the descriptor. KVA__PRIV_PENDING marks ids inside a kva_free() call.
+ */
+#define KVA__PRIV_EXCL 0x80000000u
+#define KVA__PRIV_PENDING 0x40000000u
+#define KVA__PRIV_MAXREF 0x3fffffffu
+
+struct kva_worker {
+	struct kva_arena *arena;
+	struct kva__slot *slot;
+	_Atomic uint64_t *desc;
+	_Atomic uint32_t *pressure;
+	uint32_t *priv;            /* [blocks] */
+	uint32_t *cache;           /* ids of blocks we own that nobody holds */
+	uint32_t cache_len, cache_cap;
+	uint32_t blocks;
+	uint32_t slot_id;
+	uint32_t gen;
+	uint64_t owner_payload;    /* kva__owner_tag(slot_id, gen) */
+	uint64_t holder_bit;       /* 1 << slot_id */
+	uint64_t slot_word;        /* our LIVE state word; changes only if reclaimed */
+	uint32_t cursor;           /* next l0 word to look at */
+	uint64_t allocs, frees, shares, refills, flushes;
+};
+
+/*
+ * Crash points: in the test build of the library (KVA_CRASH_POINTS), a test
+ * process can make itself die by SIGKILL the n-th time it passes one of these
+ * places, each the middle of a multi-step change to shared memory. In the
+ * real library they compile to nothing.
+ */
+enum kva__crash_point {
+	KVA__CP_NONE = 0,
+	KVA__CP_CLAIM_CAS,        /* claimed a block, its hint bit not yet cleared */
+	KVA__CP_RELEASE_STORE,    /* descriptor FREE, its hint bit not yet set */
+	KVA__CP_HINT_L0,          /* l0 bits set, l1 not yet */
+	KVA__CP_SUMMARY_CLEAR,    /* l1 bit cleared, l0 not yet re-checked */
+	KVA__CP_SHARE_JOIN,       /* holder bit set, private count not yet */
+	KVA__CP_SHARE_EXCL,       /* own block made shared, private count not yet */
+	KVA__CP_DROP_LAST,        /* last holder took the block back, not yet freed */
+	KVA__CP_JOIN_CLAIMED,     /* slot JOINING, not yet LIVE */
+	KVA__CP_LEAVE_RELEASE,    /* half-way through giving everything back */
+	KVA__CP_RECLAIM_SWEEP,    /* reclaimer half-way through the sweep */
+	KVA__CP_COUNT
+};
+#ifdef KVA_CRASH_POINTS
+void kva__crash_point(enum kva__crash_point p);
+void kva__crash_arm(enum kva__crash_point p, uint32_t nth);
+#define KVA__CRASH_POINT(p) kva__crash_point(p)
+#else
+#define KVA__CRASH_POINT(p) ((void)0)
+#endif
+
+/* meta.c: the region layout and the header */
+struct kva__meta_layout {
+	uint64_t pool_off, slots_off, desc_off, l0_off, l1_off, meta_bytes;
+	uint32_t l0_words, l1_words;
+};
+void kva__meta_layout(uint32_t blocks, uint32_t max_workers, struct kva__meta_layout *m);
+uint64_t kva__header_checksum(const struct kva__header *h);
+int kva__header_validate(const struct kva__header *h, uint64_t meta_size, uint64_t data_size);
+
+/* region.c: the OS layer (memfd, seals, mapping, NUMA) */
+int kva__region_create(const char *name, uint64_t bytes, bool hugetlb, int *fd_out,
+		       uint64_t *mapped_bytes);
+int kva__region_seal(int fd);
+int kva__region_seals_ok(int fd);
+int kva__region_size(int fd, uint64_t *bytes);
+int kva__region_map(int fd, uint64_t bytes, void **addr);
+int kva__region_bind_node(void *addr, uint64_t bytes, int node);
+int kva__pid_start_time(pid_t pid, uint64_t *start_time, char *state);
+bool kva__pid_gone(pid_t pid, uint64_t start_time);
+
+/* pool.c: the free-block pool shared by all workers */
+uint32_t kva__pool_claim(struct kva_worker *w, uint32_t want, uint32_t *ids);
+void kva__pool_release(struct kva_arena *a, const uint32_t *ids, uint32_t n);
+void kva__hint_set(struct kva_arena *a, uint32_t word, uint64_t bits);
+
+/* error.c */
+int kva__err(int err, const char *fmt, ...) __attribute__((format(printf, 2, 3)));
+void kva__err_clear(void);
+
+/* alloc.c */
+int kva__worker_check_live(struct kva_worker *w);
+void kva__cache_publish(struct kva_worker *w);
+void kva__worker_release_all(struct kva_worker *w);
+int kva__cache_resize(struct kva_worker *w, uint32_t cap);
+
+/* worker.c */
+void kva__slot_name(struct kva__slot *s, char out[32]);
+
+/* A slot whose worker may hold blocks. */
+static inline bool kva__slot_joined(uint64_t state)
+{
+	return kva__slot_kind(state) == KVA_SLOT_JOINING || kva__slot_kind(state) == KVA_SLOT_LIVE;
+}
+
+#endif /* KVA_ARENA_PVT_H */

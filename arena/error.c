@@ -1,0 +1,50 @@
+/* SPDX-License-Identifier: MIT */
+/*
+ * error.c - a sentence about the last failure, per thread. Return codes carry
+ * the errno; this carries which field, which slot, which size.
+ */
+#include <stdarg.h>
+#include <stdio.h>
+
+#include "arena_pvt.h"
+
+static _Thread_local char errmsg[256];
+
+int kva__err(int err, const char *fmt, ...)
+{
+	va_list ap;
+
+	va_start(ap, fmt);
+	vsnprintf(errmsg, sizeof(errmsg), fmt, ap);
+	va_end(ap);
+	return err;
+}
+
+void kva__err_clear(void)
+{
+	errmsg[0] = '\0';
+}
+
+const char *kva_errmsg(void)
+{
+	return errmsg;
+}
+
+#ifdef KVA_CRASH_POINTS
+#include <signal.h>
+
+static enum kva__crash_point armed;
+static uint32_t countdown;
+
+void kva__crash_arm(enum kva__crash_point p, uint32_t nth)
+{
+	armed = p;
+	countdown = nth;
+}
+
+void kva__crash_point(enum kva__crash_point p)
+{
+	if (p == armed && countdown && --countdown == 0)
+		raise(SIGKILL);
+}
+#endif

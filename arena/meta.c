@@ -1,0 +1,119 @@
+/* SPDX-License-Identifier: MIT */
+/*
+ * meta.c - the metadata region's layout and its header's validation.
+ *
+ * The layout is a function of (blocks, max_workers) alone, so a process that
+ * opens an arena recomputes every offset and compares: an offset read from
+ * shared memory is never followed.
+ */
+#include <errno.h>
+#include <stddef.h>
+#include <stdio.h>
+#include <string.h>
+#include <xxhash.h>
+
+#include "arena_pvt.h"
+
+static uint64_t align_up(uint64_t v, uint64_t a)
+{
+	return (v + a - 1) & ~(a - 1);
+}
+
+void kva__meta_layout(uint32_t blocks, uint32_t max_workers, struct kva__meta_layout *m)
+{
+	uint64_t off = KVA__HEADER_BYTES;
+
+	m->l0_words = (uint32_t)(((uint64_t)blocks + 63) / 64);
+	m->l1_words = (m->l0_words + 63) / 64;
+	m->pool_off = off;
+	off += sizeof(struct kva__pool);
+	m->slots_off = off;
+	off += (uint64_t)max_workers * sizeof(struct kva__slot);
+	m->desc_off = off = align_up(off, 64);
+	off += (uint64_t)blocks * sizeof(uint64_t);
+	m->l0_off = off = align_up(off, 64);
+	off += (uint64_t)m->l0_words * sizeof(uint64_t);
+	m->l1_off = off = align_up(off, 64);
+	off += (uint64_t)m->l1_words * sizeof(uint64_t);
+	m->meta_bytes = align_up(off, 4096);
+}
+
+uint64_t kva__header_checksum(const struct kva__header *h)
+{
+	return XXH64(h, offsetof(struct kva__header, checksum), KVA__HDR_SEED);
+}
+
+#define BAD(...) kva__err(-EBADMSG, "arena header: " __VA_ARGS__)
+
+/*
+ * kva__header_validate - check a private copy of a header against itself and
+ * the sizes of the two files. Each failure names the field.
+ */
+int kva__header_validate(const struct kva__header *h, uint64_t meta_size, uint64_t data_size)
+{
+	struct kva_geometry g;
+	struct kva_block_layout l;
+	struct kva__meta_layout m;
+	int ret;
+
+	if (h->magic != KVA__MAGIC)
+		return BAD("magic %#llx is not kvarena's: not an arena metadata region",
+			   (unsigned long long)h->magic);
+	if (h->abi_version != KVA__ABI_VERSION)
+		return kva__err(-EPROTONOSUPPORT,
+				"arena header: ABI version %u, this library speaks %u",
+				h->abi_version, KVA__ABI_VERSION);
+	if (h->header_bytes != sizeof(*h))
+		return BAD("header_bytes %u, expected %zu", h->header_bytes, sizeof(*h));
+	if (h->checksum != kva__header_checksum(h))
+		return BAD("checksum mismatch: the header was changed after creation");
+
+	g = (struct kva_geometry){
+		.block_tokens = h->block_tokens, .layers = h->layers,
+		.kv_heads = h->kv_heads, .head_dim = h->head_dim,
+		.dtype = (enum kva_dtype)h->dtype, .layout = (enum kva_layout)h->layout,
+	};
+	ret = kva_geometry_layout(&g, h->blocks, &l);
+	if (ret < 0) {
+		char why[256];
+
+		snprintf(why, sizeof(why), "%s", kva_errmsg());
+		return BAD("%s", why);
+	}
+	if (h->max_workers < 1 || h->max_workers > KVA_MAX_WORKERS)
+		return BAD("max_workers %u out of range 1..%u", h->max_workers, KVA_MAX_WORKERS);
+	if (h->cache_blocks > KVA__CACHE_MAX)
+		return BAD("cache_blocks %u above %u", h->cache_blocks, KVA__CACHE_MAX);
+	if (h->flags & ~KVA__HDR_HUGETLB)
+		return BAD("unknown flags %#x", h->flags);
+	if (h->numa_node < -1)
+		return BAD("numa_node %d", h->numa_node);
+	if (h->block_bytes != l.block_bytes)
+		return BAD("block_bytes %llu, the geometry gives %llu",
+			   (unsigned long long)h->block_bytes, (unsigned long long)l.block_bytes);
+	if (h->block_stride != l.block_stride)
+		return BAD("block_stride %llu, the geometry gives %llu",
+			   (unsigned long long)h->block_stride, (unsigned long long)l.block_stride);
+	if (h->page_bytes != l.page_bytes)
+		return BAD("page_bytes %llu, the geometry gives %llu",
+			   (unsigned long long)h->page_bytes, (unsigned long long)l.page_bytes);
+	if (h->data_bytes != l.data_bytes)
+		return BAD("data_bytes %llu, the geometry gives %llu",
+			   (unsigned long long)h->data_bytes, (unsigned long long)l.data_bytes);
+
+	kva__meta_layout(h->blocks, h->max_workers, &m);
+	if (h->meta_bytes != m.meta_bytes || h->pool_off != m.pool_off || h->slots_off != m.slots_off ||
+	    h->desc_off != m.desc_off || h->l0_off != m.l0_off || h->l1_off != m.l1_off ||
+	    h->l0_words != m.l0_words || h->l1_words != m.l1_words)
+		return BAD("region offsets do not follow from %u blocks and %u workers",
+			   h->blocks, h->max_workers);
+	if (memchr(h->name, '\0', sizeof(h->name)) == NULL)
+		return BAD("name is not terminated");
+	if (meta_size != h->meta_bytes)
+		return BAD("metadata file is %llu bytes, the header says %llu",
+			   (unsigned long long)meta_size, (unsigned long long)h->meta_bytes);
+	if (data_size < h->data_bytes)
+		return BAD("data file is %llu bytes, the arena needs %llu",
+			   (unsigned long long)data_size, (unsigned long long)h->data_bytes);
+	return 0;
+}

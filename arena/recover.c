@@ -1,0 +1,273 @@
+/* SPDX-License-Identifier: MIT */
+/*
+ * recover.c - taking back what a dead worker held, and checking the arena.
+ *
+ * Reclaim runs while the other workers go on. It owns the dead slot's
+ * OWNED descriptors outright (their owner is gone and the slot is marked
+ * RECLAIMING, so no new owner can appear), and it changes SHARED words by
+ * CAS like any holder. It reads every index from shared memory as untrusted.
+ */
+#include <errno.h>
+#include <string.h>
+#include <time.h>
+#include <unistd.h>
+
+#include "arena_pvt.h"
+
+static uint64_t now_ns(void)
+{
+	struct timespec ts;
+
+	clock_gettime(CLOCK_MONOTONIC, &ts);
+	return (uint64_t)ts.tv_sec * 1000000000ull + (uint64_t)ts.tv_nsec;
+}
+
+/*
+ * take_slot - move @slot to RECLAIMING (generation bumped) on behalf of this
+ * process, if its holder is gone. Takes over from a reclaimer that died.
+ */
+static int take_slot(struct kva_arena *a, uint32_t slot, uint64_t *word)
+{
+	struct kva__slot *s = &a->slots[slot];
+	pid_t self = getpid();
+
+	for (;;) {
+		uint64_t cur = atomic_load_explicit(&s->state, memory_order_acquire), next;
+		int32_t pid = kva__slot_pid(cur);
+		uint32_t gen = kva__slot_gen(cur);
+
+		switch (kva__slot_kind(cur)) {
+		case KVA_SLOT_FREE:
+			return kva__err(-ENOENT, "reclaim: slot %u is not in use", slot);
+		case KVA_SLOT_RECLAIMING:
+			/* generation already bumped by the reclaimer that began */
+			if (pid != self && !kva__pid_gone(pid, 0))
+				return kva__err(-EBUSY, "reclaim: process %d is reclaiming slot %u",
+						pid, slot);
+			next = kva__slot_word(KVA_SLOT_RECLAIMING, gen, self);
+			break;
+		default:
+			if (!kva__pid_gone(pid, atomic_load_explicit(&s->start_time,
+								     memory_order_relaxed)))
+				return kva__err(-EBUSY, "reclaim: slot %u belongs to process %d, "
+						"which is alive", slot, pid);
+			/* from here on, tags of generation gen are stale */
+			next = kva__slot_word(KVA_SLOT_RECLAIMING, gen + 1, self);
+			break;
+		}
+		if (atomic_compare_exchange_strong_explicit(&s->state, &cur, next,
+							    memory_order_acq_rel,
+							    memory_order_relaxed)) {
+			*word = next;
+			return 0;
+		}
+	}
+}
+
+/* Remove @slot's holder bit from a shared block; true if it was the last. */
+static bool drop_dead_holder(struct kva_arena *a, uint32_t id, uint64_t bit, uint64_t d)
+{
+	uint64_t nd, rest;
+
+	do {
+		if (kva__d_kind(d) != KVA__D_SHARED || !(kva__d_payload(d) & bit))
+			return false;
+		rest = kva__d_payload(d) & ~bit;
+		/* release: the block becomes free for a claimer (acquire) */
+		nd = rest ? kva__d_make(KVA__D_SHARED, kva__d_epoch(d), rest) : kva__d_next_free(d);
+	} while (!atomic_compare_exchange_weak_explicit(&a->desc[id], &d, nd, memory_order_acq_rel,
+							memory_order_relaxed));
+	return !rest;
+}
+
+/*
+ * sweep - one pass over the descriptors: free the dead slot's blocks, drop its
+ * references, and set the hint bit of every free block that lacks it (a
+ * worker killed between freeing a descriptor and setting its bit).
+ */
+static void sweep(struct kva_arena *a, uint32_t slot, struct kva_reclaim_report *r)
+{
+	uint64_t bit = 1ull << slot;
+
+	for (uint32_t i = 0; i < a->l0_words; i++) {
+		uint32_t end = (i + 1) * 64 < a->blocks ? (i + 1) * 64 : a->blocks;
+		uint64_t free_mask = 0, freed = 0, missing;
+
+		for (uint32_t id = i * 64; id < end; id++) {
+			uint64_t d = atomic_load_explicit(&a->desc[id], memory_order_relaxed);
+			uint64_t m = 1ull << (id % 64);
+
+			switch (kva__d_kind(d)) {
+			case KVA__D_FREE:
+				free_mask |= m;
+				break;
+			case KVA__D_OWNED:
+				if (kva__tag_slot(kva__d_payload(d)) != slot ||
+				    (kva__d_payload(d) >> 32))
+					break;
+				/* release: pairs with the next claimer's acquire CAS */
+				atomic_store_explicit(&a->desc[id], kva__d_next_free(d),
+						      memory_order_release);
+				freed |= m;
+				r->owned_freed++;
+				break;
+			case KVA__D_SHARED:
+				if (!(kva__d_payload(d) & bit))
+					break;
+				r->refs_dropped++;
+				if (drop_dead_holder(a, id, bit, d)) {
+					freed |= m;
+					r->shared_freed++;
+				}
+				break;
+			default:
+				break; /* undecodable: left for kva_arena_check to report */
+			}
+		}
+		if (i == a->l0_words / 2)
+			KVA__CRASH_POINT(KVA__CP_RECLAIM_SWEEP);
+		free_mask |= freed;
+		missing = free_mask & ~atomic_load_explicit(&a->l0[i], memory_order_relaxed);
+		r->hints_repaired += (uint32_t)__builtin_popcountll(missing & ~freed);
+		if (missing)
+			kva__hint_set(a, i, missing);
+		else if (free_mask &&
+			 !(atomic_load_explicit(&a->l1[i / 64], memory_order_relaxed) &
+			   (1ull << (i % 64))))
+			kva__hint_set(a, i, 0); /* l0 bits without their l1 bit */
+	}
+}
+
+int kva_arena_reclaim(struct kva_arena *a, uint32_t slot, struct kva_reclaim_report *r)
+{
+	struct kva_reclaim_report local;
+	struct kva__slot *s;
+	uint64_t word = 0, t0 = now_ns();
+	int ret;
+
+	if (!r)
+		r = &local;
+	memset(r, 0, sizeof(*r));
+	if (!a || slot >= a->max_workers)
+		return kva__err(-EINVAL, "reclaim: no slot %u", slot);
+	kva__err_clear();
+	s = &a->slots[slot];
+	r->slot = slot;
+	if ((ret = take_slot(a, slot, &word)) < 0)
+		return ret;
+	r->pid = (int32_t)atomic_load_explicit(&s->owner_pid, memory_order_relaxed);
+	kva__slot_name(s, r->name);
+
+	sweep(a, slot, r);
+
+	atomic_store_explicit(&s->cached, 0, memory_order_relaxed);
+	/* release: the sweep's writes come before the next joiner's acquire */
+	atomic_store_explicit(&s->state, kva__slot_word(KVA_SLOT_FREE, kva__slot_gen(word), 0),
+			      memory_order_release);
+	r->elapsed_ns = now_ns() - t0;
+	return 0;
+}
+
+/* What a slot table snapshot says, for kva_arena_check(). */
+struct slots_view {
+	uint64_t joined;             /* bit per slot that may hold blocks */
+	uint64_t all;                /* bit per slot that exists */
+	uint32_t gen[KVA_MAX_WORKERS];
+};
+
+/* check_one - account one descriptor in @r; false if it breaks the invariant. */
+static bool check_one(struct kva_arena *a, uint32_t id, uint64_t d, const struct slots_view *v,
+		      struct kva_check_report *r)
+{
+	uint64_t p = kva__d_payload(d);
+
+	if (d & KVA__D_FLAGS_MASK) {
+		r->bad_descriptors++;
+		return false;
+	}
+	switch (kva__d_kind(d)) {
+	case KVA__D_FREE: {
+		uint32_t i = id / 64;
+
+		r->free_blocks++;
+		if (p) {
+			r->bad_descriptors++;
+			return false;
+		}
+		/* findable: its l0 bit, and its l0 word's l1 bit */
+		if (!(atomic_load_explicit(&a->l0[i], memory_order_relaxed) & (1ull << (id % 64))) ||
+		    !(atomic_load_explicit(&a->l1[i / 64], memory_order_relaxed) &
+		      (1ull << (i % 64)))) {
+			r->hints_missing++;
+			return false;
+		}
+		return true;
+	}
+	case KVA__D_OWNED: {
+		uint32_t s = kva__tag_slot(p);
+
+		r->owned_blocks++;
+		if ((p >> 32) || s >= a->max_workers) {
+			r->bad_descriptors++;
+			return false;
+		}
+		if (!(v->joined & (1ull << s)) || kva__tag_gen(p) != v->gen[s]) {
+			r->stale_owners++;
+			return false;
+		}
+		return true;
+	}
+	case KVA__D_SHARED:
+		r->shared_blocks++;
+		r->shared_refs += (uint32_t)__builtin_popcountll(p);
+		if (!p || (p & ~v->all)) {
+			r->bad_descriptors++;
+			return false;
+		}
+		if (p & ~v->joined) {
+			r->dead_holders += (uint32_t)__builtin_popcountll(p & ~v->joined);
+			return false;
+		}
+		return true;
+	default:
+		r->bad_descriptors++;
+		return false;
+	}
+}
+
+int kva_arena_check(struct kva_arena *a, struct kva_check_report *r)
+{
+	struct kva_check_report local;
+	struct slots_view v = { 0 };
+
+	if (!r)
+		r = &local;
+	memset(r, 0, sizeof(*r));
+	r->first_bad_block = -1;
+	if (!a)
+		return -EINVAL;
+	v.all = (1ull << a->max_workers) - 1; /* max_workers <= 48 */
+	for (uint32_t s = 0; s < a->max_workers; s++) {
+		uint64_t st = atomic_load_explicit(&a->slots[s].state, memory_order_acquire);
+
+		v.gen[s] = kva__slot_gen(st);
+		if (!kva__slot_joined(st))
+			continue;
+		v.joined |= 1ull << s;
+		if (kva__pid_gone(kva__slot_pid(st),
+				  atomic_load_explicit(&a->slots[s].start_time, memory_order_relaxed)))
+			r->dead_slots++;
+	}
+	for (uint32_t id = 0; id < a->blocks; id++) {
+		uint64_t d = atomic_load_explicit(&a->desc[id], memory_order_relaxed);
+
+		if (!check_one(a, id, d, &v, r) && r->first_bad_block < 0)
+			r->first_bad_block = id;
+	}
+	if (r->bad_descriptors || r->stale_owners || r->dead_holders || r->hints_missing)
+		return kva__err(-EUCLEAN, "check: %u bad descriptors, %u stale owners, %u dead "
+				"holders, %u unfindable free blocks (first at block %lld)",
+				r->bad_descriptors, r->stale_owners, r->dead_holders,
+				r->hints_missing, (long long)r->first_bad_block);
+	return 0;
+}

@@ -1,0 +1,204 @@
+/* SPDX-License-Identifier: MIT */
+/*
+ * region.c - the operating-system layer under the arena: anonymous memory
+ * files, their seals, mappings, NUMA placement, and process liveness. Each
+ * function states its contract; each returns 0 or a negative errno.
+ */
+#include <errno.h>
+#include <fcntl.h>
+#include <numa.h>
+#include <numaif.h>
+#include <signal.h>
+#include <stdio.h>
+#include <stdlib.h>
+#include <string.h>
+#include <sys/mman.h>
+#include <sys/stat.h>
+#include <unistd.h>
+
+#include "arena_pvt.h"
+
+#define HUGE_2M (2ull << 20)
+#ifndef MFD_HUGE_2MB
+#define MFD_HUGE_2MB (21u << 26) /* log2(2 MiB) << MFD_HUGE_SHIFT, linux/memfd.h */
+#endif
+
+/*
+ * kva__region_create - a new sealable memfd of at least @bytes, close-on-exec.
+ * With @hugetlb, backed by 2 MiB pages: the size is rounded up to them and the
+ * pages are reserved by a trial mapping, so that a system without free huge
+ * pages answers -ENOMEM here rather than SIGBUS later. *mapped_bytes gets the
+ * size of the file.
+ */
+int kva__region_create(const char *name, uint64_t bytes, bool hugetlb, int *fd_out,
+		       uint64_t *mapped_bytes)
+{
+	unsigned flags = MFD_CLOEXEC | MFD_ALLOW_SEALING;
+	uint64_t size = bytes;
+	int fd, ret;
+
+	if (hugetlb) {
+		flags |= MFD_HUGETLB | MFD_HUGE_2MB;
+		size = (bytes + HUGE_2M - 1) & ~(HUGE_2M - 1);
+	}
+	fd = memfd_create(name, flags);
+	if (fd < 0)
+		return -errno;
+	if (ftruncate(fd, (off_t)size) < 0) {
+		ret = -errno;
+		goto fail;
+	}
+	if (hugetlb) {
+		/* hugetlbfs reserves the pages of a shared mapping at mmap time */
+		void *p = mmap(NULL, size, PROT_READ | PROT_WRITE, MAP_SHARED, fd, 0);
+
+		if (p == MAP_FAILED) {
+			ret = -errno;
+			goto fail;
+		}
+		munmap(p, size);
+	}
+	*fd_out = fd;
+	*mapped_bytes = size;
+	return 0;
+fail:
+	close(fd);
+	return ret;
+}
+
+/* kva__region_seal - forbid shrinking and growing @fd, and further sealing. */
+int kva__region_seal(int fd)
+{
+	if (fcntl(fd, F_ADD_SEALS, F_SEAL_SHRINK | F_SEAL_GROW | F_SEAL_SEAL) < 0)
+		return -errno;
+	return 0;
+}
+
+/*
+ * kva__region_seals_ok - 0 if @fd can neither shrink nor grow: nobody holding it
+ * can truncate the region under another process's mapping (SIGBUS there).
+ */
+int kva__region_seals_ok(int fd)
+{
+	int seals = fcntl(fd, F_GET_SEALS);
+
+	if (seals < 0)
+		return -errno;
+	if ((seals & (F_SEAL_SHRINK | F_SEAL_GROW)) != (F_SEAL_SHRINK | F_SEAL_GROW))
+		return -EPERM;
+	return 0;
+}
+
+/* kva__region_size - the size of the file behind @fd; -EBADF if not a regular file. */
+int kva__region_size(int fd, uint64_t *bytes)
+{
+	struct stat st;
+
+	if (fstat(fd, &st) < 0)
+		return -errno;
+	if (!S_ISREG(st.st_mode))
+		return -EBADF;
+	*bytes = (uint64_t)st.st_size;
+	return 0;
+}
+
+/* kva__region_map - map @bytes of @fd shared, read and write, anywhere. */
+int kva__region_map(int fd, uint64_t bytes, void **addr)
+{
+	void *p = mmap(NULL, bytes, PROT_READ | PROT_WRITE, MAP_SHARED, fd, 0);
+
+	if (p == MAP_FAILED)
+		return -errno;
+	*addr = p;
+	return 0;
+}
+
+/*
+ * kva__region_bind_node - place the pages of a shared mapping on NUMA node
+ * @node. For memfd (shmem and hugetlbfs) the policy is kept by the file, so
+ * it holds for every process that maps it later. Must run before the first
+ * touch. -EINVAL if the node does not exist, -ENOSYS without NUMA support.
+ */
+int kva__region_bind_node(void *addr, uint64_t bytes, int node)
+{
+	struct bitmask *mask;
+	int ret = 0;
+
+	if (numa_available() < 0)
+		return -ENOSYS;
+	if (node < 0 || node > numa_max_node() ||
+	    !numa_bitmask_isbitset(numa_all_nodes_ptr, (unsigned)node))
+		return -EINVAL;
+	mask = numa_allocate_nodemask();
+	if (!mask)
+		return -ENOMEM;
+	numa_bitmask_setbit(mask, (unsigned)node);
+	if (mbind(addr, bytes, MPOL_BIND, mask->maskp, mask->size + 1, 0) < 0)
+		ret = -errno;
+	numa_bitmask_free(mask);
+	return ret;
+}
+
+/*
+ * kva__pid_start_time - the kernel's start time of @pid (field 22 of
+ * /proc/<pid>/stat, clock ticks since boot) and its state letter.
+ * -ENOENT if there is no such process.
+ */
+int kva__pid_start_time(pid_t pid, uint64_t *start_time, char *state)
+{
+	char path[64], buf[1024], *p;
+	unsigned long long st = 0;
+	ssize_t n;
+	int fd;
+
+	snprintf(path, sizeof(path), "/proc/%d/stat", (int)pid);
+	fd = open(path, O_RDONLY | O_CLOEXEC);
+	if (fd < 0)
+		return -errno;
+	n = read(fd, buf, sizeof(buf) - 1);
+	close(fd);
+	if (n <= 0)
+		return n < 0 ? -errno : -ENOENT;
+	buf[n] = '\0';
+	/* the command name may hold spaces and parentheses: skip to the last ')' */
+	p = strrchr(buf, ')');
+	if (!p || p[1] != ' ' || !p[2])
+		return -EIO;
+	if (state)
+		*state = p[2];
+	/* after ") " come fields 3..: state is 3, starttime is 22 */
+	p += 2;
+	for (int field = 3; field < 22; field++) {
+		p = strchr(p, ' ');
+		if (!p)
+			return -EIO;
+		p++;
+	}
+	if (sscanf(p, "%llu", &st) != 1)
+		return -EIO;
+	*start_time = st;
+	return 0;
+}
+
+/*
+ * kva__pid_gone - true if the process that was @pid, started at @start_time
+ * (0 = unknown), has exited: no such pid, a zombie, or a newer process that
+ * reused the number.
+ */
+bool kva__pid_gone(pid_t pid, uint64_t start_time)
+{
+	uint64_t st;
+	char state = '?';
+
+	if (pid <= 0)
+		return true;
+	int ret = kva__pid_start_time(pid, &st, &state);
+
+	if (ret == -ENOENT)
+		return true;
+	if (ret < 0) /* no /proc to read: the pid alone has to do */
+		return kill(pid, 0) < 0 && errno == ESRCH;
+	if (state == 'Z' || state == 'X')
+		return true;
+	return start_time && st != start_time;
+}

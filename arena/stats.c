@@ -1,0 +1,173 @@
+/* SPDX-License-Identifier: MIT */
+/*
+ * stats.c - counts and the block map, from one pass over the descriptors.
+ * Read-only; every index read from shared memory is checked before use.
+ */
+#include <errno.h>
+#include <stdlib.h>
+#include <string.h>
+
+#include "arena_pvt.h"
+
+int kva_arena_stats(struct kva_arena *a, struct kva_stats *st)
+{
+	if (!a || !st)
+		return -EINVAL;
+	memset(st, 0, sizeof(*st));
+	st->total_blocks = a->blocks;
+	st->max_workers = a->max_workers;
+	for (uint32_t i = 0; i < a->max_workers; i++) {
+		struct kva__slot *s = &a->slots[i];
+		struct kva_slot_stats *o = &st->slots[i];
+		uint64_t word = atomic_load_explicit(&s->state, memory_order_acquire);
+
+		o->slot = i;
+		o->state = kva__slot_kind(word);
+		o->generation = kva__slot_gen(word);
+		if (o->state == KVA_SLOT_FREE)
+			continue;
+		st->workers++;
+		o->pid = (int32_t)atomic_load_explicit(&s->owner_pid, memory_order_relaxed);
+		kva__slot_name(s, o->name);
+		o->cached = (uint32_t)atomic_load_explicit(&s->cached, memory_order_relaxed);
+		o->allocs = atomic_load_explicit(&s->allocs, memory_order_relaxed);
+		o->frees = atomic_load_explicit(&s->frees, memory_order_relaxed);
+		o->shares = atomic_load_explicit(&s->shares, memory_order_relaxed);
+		o->refills = atomic_load_explicit(&s->refills, memory_order_relaxed);
+		o->flushes = atomic_load_explicit(&s->flushes, memory_order_relaxed);
+		st->cached_blocks += o->cached;
+	}
+	for (uint32_t id = 0; id < a->blocks; id++) {
+		uint64_t d = atomic_load_explicit(&a->desc[id], memory_order_relaxed);
+		uint64_t p = kva__d_payload(d);
+
+		switch (kva__d_kind(d)) {
+		case KVA__D_FREE:
+			st->free_blocks++;
+			break;
+		case KVA__D_OWNED:
+			st->owned_blocks++;
+			if (kva__tag_slot(p) < a->max_workers)
+				st->slots[kva__tag_slot(p)].owned++;
+			break;
+		case KVA__D_SHARED:
+			st->shared_blocks++;
+			st->shared_refs += (uint32_t)__builtin_popcountll(p);
+			for (p &= (1ull << a->max_workers) - 1; p; p &= p - 1)
+				st->slots[__builtin_ctzll(p)].shared++;
+			break;
+		default:
+			break;
+		}
+	}
+	st->used_blocks = st->owned_blocks + st->shared_blocks;
+	return 0;
+}
+
+int kva_stats(struct kva_worker *w, struct kva_stats *st)
+{
+	if (!w)
+		return -EINVAL;
+	kva__cache_publish(w);
+	return kva_arena_stats(w->arena, st);
+}
+
+char kva_slot_char(uint32_t slot)
+{
+	static const char chars[] = "0123456789abcdefghijklmnopqrstuvwxyzABCDEFGHIJKL";
+
+	return slot < KVA_MAX_WORKERS ? chars[slot] : '?';
+}
+
+/* Map classes: one per slot, then these. */
+enum { CLS_FREE = KVA_MAX_WORKERS, CLS_SHARED, CLS_BAD, CLS_N };
+
+static unsigned classify(uint64_t d, uint64_t joined, uint32_t max_workers)
+{
+	uint64_t p = kva__d_payload(d);
+
+	if (d & KVA__D_FLAGS_MASK)
+		return CLS_BAD;
+	switch (kva__d_kind(d)) {
+	case KVA__D_FREE:
+		return p ? CLS_BAD : CLS_FREE;
+	case KVA__D_OWNED:
+		if (kva__tag_slot(p) >= max_workers || !(joined & (1ull << kva__tag_slot(p))))
+			return CLS_BAD;
+		return kva__tag_slot(p);
+	case KVA__D_SHARED:
+		return p && !(p & ~joined) ? CLS_SHARED : CLS_BAD;
+	default:
+		return CLS_BAD;
+	}
+}
+
+static char class_char(unsigned c)
+{
+	return c < KVA_MAX_WORKERS ? kva_slot_char(c) : c == CLS_FREE ? '.' : c == CLS_SHARED ? '#' : '!';
+}
+
+int kva_arena_map(struct kva_arena *a, char *buf, size_t len, uint32_t cells)
+{
+	uint64_t joined = 0;
+
+	if (!a || !buf || !cells || len < (size_t)cells + 1)
+		return -EINVAL;
+	if (cells > a->blocks)
+		cells = a->blocks;
+	for (uint32_t s = 0; s < a->max_workers; s++)
+		if (kva__slot_joined(atomic_load_explicit(&a->slots[s].state, memory_order_acquire)))
+			joined |= 1ull << s;
+	for (uint32_t c = 0; c < cells; c++) {
+		uint32_t lo = (uint32_t)((uint64_t)a->blocks * c / cells);
+		uint32_t hi = (uint32_t)((uint64_t)a->blocks * (c + 1) / cells);
+		uint32_t count[CLS_N] = { 0 }, best = CLS_FREE;
+
+		for (uint32_t id = lo; id < hi; id++)
+			count[classify(atomic_load_explicit(&a->desc[id], memory_order_relaxed),
+				       joined, a->max_workers)]++;
+		for (unsigned k = 0; k < CLS_N; k++)
+			if (count[k] > count[best])
+				best = k;
+		/* a corrupt descriptor must not hide behind a majority */
+		buf[c] = class_char(count[CLS_BAD] ? CLS_BAD : best);
+	}
+	buf[cells] = '\0';
+	return (int)cells;
+}
+
+int kva_arena_map_print(struct kva_arena *a, FILE *f, uint32_t width, uint32_t rows)
+{
+	struct kva_stats st;
+	uint32_t cells;
+	char *map;
+	int n;
+
+	if (!a || !f)
+		return -EINVAL;
+	if (!width)
+		width = 64;
+	cells = a->blocks;
+	if (rows && (uint64_t)width * rows < cells)
+		cells = width * rows;
+	map = malloc((size_t)cells + 1);
+	if (!map)
+		return -ENOMEM;
+	n = kva_arena_map(a, map, (size_t)cells + 1, cells);
+	kva_arena_stats(a, &st);
+	for (int off = 0; off < n; off += (int)width)
+		fprintf(f, "  %.*s\n", (int)width, map + off);
+	free(map);
+	fprintf(f, "  legend: . free  # shared  ! corrupt or stale%s\n",
+		(uint32_t)n < a->blocks ? "  (one character per run of blocks, its most common state)"
+					: "");
+	for (uint32_t s = 0; s < a->max_workers; s++) {
+		struct kva_slot_stats *o = &st.slots[s];
+
+		if (o->state == KVA_SLOT_FREE)
+			continue;
+		fprintf(f, "          %c %-16s pid %-7d owned %-7u shared %-7u cached %u\n",
+			kva_slot_char(s), o->name, o->pid, o->owned, o->shared, o->cached);
+	}
+	return ferror(f) ? -EIO : 0;
+}

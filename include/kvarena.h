@@ -1,0 +1,357 @@
+/* SPDX-License-Identifier: MIT */
+/*
+ * kvarena.h - the public interface of libkvarena.
+ *
+ * A kvarena arena is a pool of fixed-size KV-cache blocks that lives in two
+ * shared memory regions (metadata and data) and is used by many processes at
+ * once. Each process maps the regions at its own address; everything shared is
+ * addressed by block ids and offsets.
+ *
+ * Conventions:
+ *   - int functions return 0 (or a count where said) or a negative errno and
+ *     never touch errno. kva_errmsg() gives a sentence about the last failure
+ *     of this thread (set by the slow paths: create, open, join, reclaim...).
+ *   - No function aborts on bad input.
+ *   - A struct kva_worker is used by one thread at a time. A process may join
+ *     several workers (one per thread, say).
+ */
+#ifndef KVARENA_H
+#define KVARENA_H
+
+#include <stddef.h>
+#include <stdint.h>
+#include <stdio.h>
+
+#ifdef __cplusplus
+extern "C" {
+#endif
+
+#define KVA_VERSION_MAJOR 0
+#define KVA_VERSION_MINOR 1
+
+/*
+ * Workers per arena. A shared block records its holders as one bit per worker
+ * slot inside its 64-bit descriptor, so taking or dropping a reference is a
+ * single compare-and-swap that a crash cannot tear; 48 bits are left for it.
+ */
+#define KVA_MAX_WORKERS 48u
+
+/* Largest block count: block ids must fit the int32 page tables of kernels. */
+#define KVA_MAX_BLOCKS 0x7fffffffu
+
+/* ---------------------------------------------------------------- geometry */
+
+enum kva_dtype {
+	KVA_F32 = 1,
+	KVA_F16 = 2,
+	KVA_BF16 = 3,
+	KVA_FP8_E4M3 = 4,
+	KVA_INT8 = 5, /* with one float scale per token and head, stored in the block */
+};
+
+enum kva_layout {
+	/* One block is one contiguous span holding every layer's K and V (and
+	 * int8 scales): a spill or fetch of a block is one I/O. */
+	KVA_LAYOUT_BLOCK_MAJOR = 0,
+	/* Per-layer pools: layer l's K pages of all blocks are contiguous, then
+	 * its V pages; the shape vLLM and FlashInfer allocate per layer. */
+	KVA_LAYOUT_LAYER_MAJOR = 1,
+};
+
+/*
+ * The shape of one block. Inside one layer's K (or V) page the order is
+ * [kv_head][token][head_dim] (FlashInfer's HND): the tokens of one head are
+ * contiguous, so a decode kernel streams them.
+ */
+struct kva_geometry {
+	uint32_t block_tokens; /* tokens per block, 1..65536 */
+	uint32_t layers;       /* 1..4096 */
+	uint32_t kv_heads;     /* 1..4096 */
+	uint32_t head_dim;     /* 1..65536 */
+	enum kva_dtype dtype;
+	enum kva_layout layout;
+};
+
+/*
+ * Where things are, in bytes, computed from a geometry and a block count.
+ * kva_kv_offset() gives the offset of one layer's K (kv = 0) or V (kv = 1) page
+ * of one block; the strides below hold inside such a page. Pages and scale
+ * arrays start on 64-byte boundaries; block-major blocks on 4 KiB boundaries
+ * (so a block can be written to an O_DIRECT file as it is).
+ */
+struct kva_block_layout {
+	uint32_t elem_bytes;     /* bytes per element of dtype */
+	uint64_t page_bytes;     /* bytes one layer's K (or V) page of one block occupies */
+	uint64_t page_stride;    /* bytes from block b's page to block b+1's, same layer and kv */
+	uint64_t head_stride;    /* bytes between heads inside a page */
+	uint64_t token_stride;   /* bytes between tokens inside a head */
+	uint64_t scale_bytes;    /* int8: bytes one layer's K (or V) scales of one block occupy, else 0 */
+	uint64_t scale_stride;   /* int8: bytes from block b's scales to block b+1's */
+	uint64_t block_bytes;    /* bytes of one block: all layers, K, V and scales */
+	uint64_t block_stride;   /* block-major: bytes between blocks; layer-major: 0 */
+	uint64_t pool_bytes;     /* layer-major: bytes of one layer's K (or V) pool; else 0 */
+	uint64_t data_bytes;     /* size of the data region for the block count */
+};
+
+/*
+ * kva_geometry_layout - validate a geometry and compute its layout.
+ * @g:      the geometry
+ * @blocks: number of blocks (1..KVA_MAX_BLOCKS)
+ * @out:    filled on success
+ * Return: 0, or -EINVAL (a field out of range, kva_errmsg() names it) or
+ * -EOVERFLOW (the sizes do not fit 64 bits).
+ */
+int kva_geometry_layout(const struct kva_geometry *g, uint32_t blocks,
+			struct kva_block_layout *out);
+
+/*
+ * kva_kv_offset - byte offset in the data region of layer @layer's K (@kv = 0) or
+ * V (@kv = 1) page of block @block; with @scales set, of that page's int8 scales.
+ * Arguments are not checked: callers pass values inside the geometry.
+ */
+uint64_t kva_kv_offset(const struct kva_geometry *g, const struct kva_block_layout *l,
+		       uint32_t blocks, uint32_t block, uint32_t layer, int kv, int scales);
+
+size_t kva_dtype_size(enum kva_dtype t);       /* 0 for an unknown dtype */
+const char *kva_dtype_name(enum kva_dtype t);  /* "f16"...; "?" when unknown */
+int kva_dtype_parse(const char *s, enum kva_dtype *out); /* -EINVAL if unknown */
+
+/* ------------------------------------------------------------------ arena */
+
+struct kva_arena;
+struct kva_worker;
+
+#define KVA_ARENA_HUGETLB 0x1u /* back data with 2 MiB huge pages when the system has them */
+
+struct kva_arena_opts {
+	uint32_t blocks;       /* number of blocks, required */
+	uint32_t max_workers;  /* worker slots, 1..KVA_MAX_WORKERS; 0 = KVA_MAX_WORKERS */
+	uint32_t cache_blocks; /* per-worker cache capacity; 0 = derived from the
+				* arena size (at most 256); KVA_CACHE_NONE disables */
+	uint32_t flags;        /* KVA_ARENA_* */
+	int32_t numa_node;     /* bind the data region to this node; -1 = no binding */
+	const char *name;      /* shown by ops tools; NULL = "kvarena" */
+};
+
+#define KVA_CACHE_NONE 0xffffffffu
+
+/* What an arena is; fixed for its life. */
+struct kva_arena_info {
+	struct kva_geometry geometry;
+	struct kva_block_layout layout;
+	uint32_t blocks;
+	uint32_t max_workers;
+	uint32_t cache_blocks;  /* default per-worker cache capacity, 0 = none */
+	int hugetlb;            /* 1 if the data region is on huge pages */
+	int32_t numa_node;      /* -1 if not bound */
+	uint64_t meta_bytes;    /* metadata region size */
+	uint64_t alloc_meta_bytes; /* of it, what the allocator keeps per block:
+				    * descriptors and free-block summary */
+	char name[32];
+};
+
+/*
+ * kva_arena_create - make a new arena in two fresh sealed memfds.
+ * Return: 0, -EINVAL (bad geometry or options; kva_errmsg() says which),
+ * -ENOMEM, or the errno of a failed memfd_create/ftruncate/mmap/mbind.
+ * Huge pages are used when asked and available, else ordinary pages
+ * (kva_arena_info() tells which).
+ */
+int kva_arena_create(const struct kva_geometry *g, const struct kva_arena_opts *o,
+		     struct kva_arena **out);
+
+/*
+ * kva_arena_open - map an existing arena from its two region fds, in any
+ * process, at any address. The fds are duplicated; the caller keeps its own.
+ * Every header field is validated; nothing in the region is trusted.
+ * Return: 0, -EBADF (fds not usable), -EBADMSG (not a kvarena region, corrupt
+ * header, sizes or seals wrong; kva_errmsg() names the field),
+ * -EPROTONOSUPPORT (another ABI version), or a failed mmap's errno.
+ */
+int kva_arena_open(int meta_fd, int data_fd, struct kva_arena **out);
+
+/* kva_arena_close - unmap; workers joined through @a must have left. */
+void kva_arena_close(struct kva_arena *a);
+
+const struct kva_arena_info *kva_arena_info(const struct kva_arena *a);
+int kva_arena_meta_fd(const struct kva_arena *a);
+int kva_arena_data_fd(const struct kva_arena *a);
+
+/* --------------------------------------------------------------- workers */
+
+/*
+ * kva_worker_join - take a worker slot in the arena for this process.
+ * @name: shown by ops tools (truncated to 31 bytes); NULL = "worker".
+ * Return: 0, -EINVAL, -EUSERS (every slot taken), -ENOMEM.
+ */
+int kva_worker_join(struct kva_arena *a, const char *name, struct kva_worker **out);
+
+/*
+ * kva_worker_leave - give back the slot: the worker's cache returns to the
+ * arena, and so does every block and reference it still holds (the handle is
+ * the only way to free them). NULL is ignored.
+ */
+void kva_worker_leave(struct kva_worker *w);
+
+int kva_worker_slot(const struct kva_worker *w);        /* slot index, or -EINVAL */
+struct kva_arena *kva_worker_arena(const struct kva_worker *w);
+
+/*
+ * kva_worker_set_cache - change this worker's cache capacity (0 = no cache).
+ * Blocks above the new capacity go back to the arena.
+ * Return: 0, -EINVAL (above 65536), -ENOMEM, -ESTALE (slot reclaimed).
+ */
+int kva_worker_set_cache(struct kva_worker *w, uint32_t blocks);
+
+/*
+ * kva_alloc - take @n blocks exclusively; their ids go to @ids.
+ * All or nothing: on failure no block is taken.
+ * Return: 0, -ENOSPC (fewer than @n free blocks outside worker caches; this
+ * worker's own cache is returned to the arena first), -EINVAL, -ESTALE (this
+ * worker's slot was reclaimed: it must not be used any more).
+ */
+int kva_alloc(struct kva_worker *w, uint32_t n, uint32_t *ids);
+
+/*
+ * kva_free - drop one reference per id (an exclusive block has one).
+ * A block is free when its last reference anywhere is dropped.
+ * All or nothing: every id is checked before anything changes; an id may
+ * repeat as long as the worker holds that many references.
+ * Return: 0, -EINVAL (id out of range, or NULL), -EPERM (not held: a double
+ * free, a block of another worker, or a free block).
+ */
+int kva_free(struct kva_worker *w, const uint32_t *ids, uint32_t n);
+
+/*
+ * kva_share - take one more reference per id.
+ * A block held exclusively by this worker becomes shared (the worker then
+ * holds two references). A block shared by any worker gains this worker as a
+ * holder. A block another worker holds exclusively cannot be referenced until
+ * that worker shares it (-EPERM): that is what lets a worker's own blocks
+ * and cache work without atomic instructions.
+ * All or nothing. Return: 0, -EINVAL, -EPERM, -EOVERFLOW (2^30 references
+ * on one block from one worker), -ESTALE.
+ */
+int kva_share(struct kva_worker *w, const uint32_t *ids, uint32_t n);
+
+/*
+ * kva_block_data - address of block @id in this process: for block-major, the
+ * whole block_bytes span; for layer-major, its layer-0 K page (use kva_block_kv).
+ * NULL if @id is out of range or the data is not host-visible.
+ */
+void *kva_block_data(struct kva_worker *w, uint32_t id);
+
+/* kva_block_kv - layer @layer's K and V pages of block @id. -EINVAL on bad ids. */
+int kva_block_kv(struct kva_worker *w, uint32_t id, uint32_t layer, void **k, void **v);
+
+/* ------------------------------------------------------------------ stats */
+
+enum kva_slot_state {
+	KVA_SLOT_FREE = 0,
+	KVA_SLOT_JOINING = 1,
+	KVA_SLOT_LIVE = 2,
+	KVA_SLOT_RECLAIMING = 3,
+};
+
+struct kva_slot_stats {
+	uint32_t slot;
+	uint32_t state;        /* enum kva_slot_state */
+	uint32_t generation;   /* bumped when the slot is reclaimed or left */
+	int32_t pid;
+	char name[32];
+	uint32_t owned;        /* blocks held exclusively (cache included) */
+	uint32_t shared;       /* shared blocks this slot holds */
+	uint32_t cached;       /* blocks in its private cache, as it last published */
+	uint64_t allocs, frees, shares, refills, flushes;
+};
+
+struct kva_stats {
+	uint32_t total_blocks;
+	uint32_t free_blocks;
+	uint32_t used_blocks;   /* owned + shared */
+	uint32_t owned_blocks;  /* held by one worker (its cache included) */
+	uint32_t shared_blocks;
+	uint32_t shared_refs;   /* sum over shared blocks of their holder count */
+	uint32_t cached_blocks; /* sum of the workers' published cache sizes */
+	uint32_t workers;       /* slots joined (joining, live or being reclaimed) */
+	uint32_t max_workers;
+	struct kva_slot_stats slots[KVA_MAX_WORKERS]; /* index = slot */
+};
+
+/*
+ * kva_stats / kva_arena_stats - counts from one pass over the descriptors
+ * (O(blocks), no locks; a snapshot that concurrent calls may be moving through).
+ */
+int kva_stats(struct kva_worker *w, struct kva_stats *st);
+int kva_arena_stats(struct kva_arena *a, struct kva_stats *st);
+
+/*
+ * kva_arena_map - the block map: one character per block (or, when @cells is
+ * smaller than the block count, per run of blocks, showing its most common
+ * state), NUL-terminated. '.' free, '#' shared, the slot's character
+ * (kva_slot_char) for a block one slot holds, '!' a descriptor naming no live
+ * slot or undecodable. @len must be at least cells + 1.
+ * Return: the number of cells written, or -EINVAL.
+ */
+int kva_arena_map(struct kva_arena *a, char *buf, size_t len, uint32_t cells);
+char kva_slot_char(uint32_t slot);   /* '0'-'9', 'a'-'z', 'A'-'L' */
+
+/*
+ * kva_arena_map_print - the map wrapped at @width characters (0 = 64), at
+ * most @rows rows (0 = one character per block), then a legend naming the
+ * live slots. Return: 0 or -EINVAL / -EIO.
+ */
+int kva_arena_map_print(struct kva_arena *a, FILE *f, uint32_t width, uint32_t rows);
+
+/* --------------------------------------------------------------- recovery */
+
+struct kva_reclaim_report {
+	uint32_t slot;
+	int32_t pid;             /* the process that held the slot */
+	char name[32];
+	uint32_t owned_freed;    /* exclusive blocks returned (its cache included) */
+	uint32_t refs_dropped;   /* shared blocks it held */
+	uint32_t shared_freed;   /* of those, blocks it was the last holder of */
+	uint32_t hints_repaired; /* free blocks made findable again */
+	uint64_t elapsed_ns;
+};
+
+/*
+ * kva_arena_reclaim - return everything slot @slot held (its cache included)
+ * once its process is gone, and bump the slot generation so that any tag the
+ * old holder left can never be taken for the new one's. Safe while other
+ * workers run. Restartable: if the reclaiming process dies, another call
+ * finishes the job.
+ * Return: 0, -EINVAL (no such slot), -ENOENT (slot not in use), -EBUSY (its
+ * process is alive, or another live process is reclaiming it).
+ */
+int kva_arena_reclaim(struct kva_arena *a, uint32_t slot, struct kva_reclaim_report *r);
+
+struct kva_check_report {
+	uint32_t free_blocks, owned_blocks, shared_blocks, shared_refs;
+	uint32_t bad_descriptors; /* kind or bits no valid descriptor has */
+	uint32_t stale_owners;    /* owned by a slot that is free or of another generation */
+	uint32_t dead_holders;    /* shared holder bits of slots that are not joined */
+	uint32_t hints_missing;   /* free blocks the allocator cannot find */
+	uint32_t dead_slots;      /* joined slots whose process is gone (not yet reclaimed) */
+	int64_t first_bad_block;  /* -1 if none */
+};
+
+/*
+ * kva_arena_check - verify the global invariant: every block is exactly one of
+ * free (and findable), owned by one joined slot of the current generation, or
+ * shared with holders that are all joined slots (refcount = holders, by
+ * construction). Exact when no worker is inside an arena call.
+ * Return: 0 if it holds, -EUCLEAN if not (the report says what).
+ */
+int kva_arena_check(struct kva_arena *a, struct kva_check_report *r);
+
+/* ------------------------------------------------------------------ misc */
+
+/* kva_errmsg - the last failure of this thread, as a sentence ("" if none). */
+const char *kva_errmsg(void);
+
+#ifdef __cplusplus
+}
+#endif
+#endif /* KVARENA_H */

@@ -1,0 +1,350 @@
+/* SPDX-License-Identifier: MIT */
+#include "testutil.h"
+
+#include <errno.h>
+#include <stdio.h>
+#include <stdlib.h>
+#include <string.h>
+#include <sys/mman.h>
+#include <unistd.h>
+#include <xxhash.h>
+
+#include "arena_pvt.h"
+
+const char *const tu_phase_name[TU_NPHASE] = {
+	"idle", "alloc", "free", "share-own", "share-other", "reclaim",
+};
+
+struct kva_geometry tu_geometry(void)
+{
+	return (struct kva_geometry){
+		.block_tokens = 16, .layers = 2, .kv_heads = 2, .head_dim = 64,
+		.dtype = KVA_F16, .layout = KVA_LAYOUT_BLOCK_MAJOR,
+	};
+}
+
+struct kva_arena *tu_arena(uint32_t blocks, uint32_t cache, uint32_t max_workers)
+{
+	struct kva_geometry g = tu_geometry();
+	struct kva_arena_opts o = {
+		.blocks = blocks, .cache_blocks = cache, .max_workers = max_workers,
+		.numa_node = -1, .name = "test",
+	};
+	struct kva_arena *a = NULL;
+	int ret = kva_arena_create(&g, &o, &a);
+
+	if (ret < 0) {
+		fprintf(stderr, "kva_arena_create: %s (%s)\n", strerror(-ret), kva_errmsg());
+		return NULL;
+	}
+	return a;
+}
+
+void *tu_shared_alloc(size_t bytes)
+{
+	void *p = mmap(NULL, bytes, PROT_READ | PROT_WRITE, MAP_SHARED | MAP_ANONYMOUS, -1, 0);
+
+	return p == MAP_FAILED ? NULL : p;
+}
+
+void tu_shared_free(void *p, size_t bytes)
+{
+	if (p)
+		munmap(p, bytes);
+}
+
+size_t tu_view_bytes(uint32_t blocks)
+{
+	return sizeof(struct tu_view) + (size_t)blocks * sizeof(struct tu_hold);
+}
+
+void tu_view_capture(struct kva_worker *w, struct tu_view *v)
+{
+	v->slot = (int32_t)w->slot_id;
+	v->n = 0;
+	for (uint32_t id = 0; id < w->blocks; id++) {
+		uint32_t p = w->priv[id];
+
+		if (p)
+			v->e[v->n++] = (struct tu_hold){
+				id, p == KVA__PRIV_EXCL ? TU_EXCL : p & KVA__PRIV_MAXREF };
+	}
+	for (uint32_t k = 0; k < w->cache_len; k++)
+		v->e[v->n++] = (struct tu_hold){ w->cache[k], TU_CACHED };
+}
+
+bool tu_views_match(struct kva_arena *a, struct tu_view *const *views, uint32_t n,
+		    struct tu_mismatch *m)
+{
+	uint8_t *owners = calloc(a->blocks, 1);
+	uint8_t *owner_slot = calloc(a->blocks, 1);
+	uint64_t *holders = calloc(a->blocks, sizeof(uint64_t));
+	uint32_t shown = 0;
+
+	memset(m, 0, sizeof(*m));
+	for (uint32_t k = 0; k < n; k++) {
+		const struct tu_view *v = views[k];
+
+		if (!v || v->slot < 0)
+			continue;
+		for (uint32_t j = 0; j < v->n; j++) {
+			uint32_t id = v->e[j].id;
+
+			if (v->e[j].refs == TU_EXCL || v->e[j].refs == TU_CACHED) {
+				owners[id]++;
+				owner_slot[id] = (uint8_t)v->slot;
+			} else {
+				holders[id] |= 1ull << v->slot;
+			}
+		}
+	}
+	for (uint32_t id = 0; id < a->blocks; id++) {
+		uint64_t d = atomic_load(&a->desc[id]);
+		uint64_t p = kva__d_payload(d);
+		uint32_t *bad = NULL;
+
+		switch (kva__d_kind(d)) {
+		case KVA__D_FREE:
+			if (owners[id] || holders[id])
+				bad = &m->lost;
+			break;
+		case KVA__D_OWNED:
+			if (!owners[id] && !holders[id])
+				bad = &m->leaked;
+			else if (owners[id] > 1 || holders[id])
+				bad = &m->double_owned;
+			else if (owner_slot[id] != kva__tag_slot(p))
+				bad = &m->lost;
+			break;
+		case KVA__D_SHARED:
+			if (owners[id])
+				bad = &m->double_owned;
+			else if (!holders[id])
+				bad = &m->leaked;
+			else if (holders[id] != p)
+				bad = &m->refcount;
+			break;
+		default:
+			bad = &m->lost;
+		}
+		if (bad) {
+			(*bad)++;
+			if (shown++ < 8)
+				fprintf(stderr, "block %u: descriptor %#llx, owners %u (slot %u), "
+					"holders %#llx\n", id, (unsigned long long)d, owners[id],
+					owner_slot[id], (unsigned long long)holders[id]);
+		}
+	}
+	free(owners);
+	free(owner_slot);
+	free(holders);
+	return !m->leaked && !m->double_owned && !m->refcount && !m->lost;
+}
+
+uint64_t tu_rand(uint64_t *s)
+{
+	/* splitmix64 */
+	uint64_t z = (*s += 0x9e3779b97f4a7c15ull);
+
+	z = (z ^ (z >> 30)) * 0xbf58476d1ce4e5b9ull;
+	z = (z ^ (z >> 27)) * 0x94d049bb133111ebull;
+	return z ^ (z >> 31);
+}
+
+/* The stamp at the start of every block the workload touches. */
+struct stamp {
+	uint32_t id, seq;
+	uint64_t check;
+};
+
+static uint64_t stamp_check(uint32_t id, uint32_t seq)
+{
+	uint32_t v[2] = { id, seq };
+
+	return XXH64(v, sizeof(v), 42);
+}
+
+static void stamp_write(struct tu_work *t, uint32_t id, uint32_t seq)
+{
+	struct stamp s = { id, seq, stamp_check(id, seq) };
+
+	memcpy(kva_block_data(t->w, id), &s, sizeof(s));
+}
+
+/* Read a stamp; false if the block does not carry a whole one for @id. */
+static bool stamp_read(struct tu_work *t, uint32_t id, uint32_t *seq)
+{
+	struct stamp s;
+
+	memcpy(&s, kva_block_data(t->w, id), sizeof(s));
+	*seq = s.seq;
+	return s.id == id && s.check == stamp_check(id, s.seq);
+}
+
+static void verify(struct tu_work *t, const struct tu_ref *r)
+{
+	uint32_t seq;
+
+	if (!stamp_read(t, r->id, &seq) || seq != r->seq) {
+		atomic_fetch_add(&t->board->errors, 1);
+		fprintf(stderr, "pid %d: block %u changed under a reference (seq %u, now %u)\n",
+			(int)getpid(), r->id, r->seq, seq);
+	}
+}
+
+static void unexpected(struct tu_work *t, const char *what, int ret)
+{
+	atomic_fetch_add(&t->board->unexpected, 1);
+	fprintf(stderr, "pid %d: %s: %s (%s)\n", (int)getpid(), what, strerror(-ret),
+		kva_errmsg());
+}
+
+void tu_work_init(struct tu_work *t, struct kva_worker *w, struct tu_board *b, uint32_t max_refs,
+		  uint64_t seed)
+{
+	static _Atomic uint32_t none;
+
+	memset(t, 0, sizeof(*t));
+	t->w = w;
+	t->board = b;
+	t->max_refs = max_refs;
+	t->refs = calloc(max_refs, sizeof(*t->refs));
+	t->rng = seed;
+	t->phase = &none;
+	t->seq = (uint32_t)(seed << 20);
+}
+
+void tu_work_fini(struct tu_work *t)
+{
+	free(t->refs);
+	t->refs = NULL;
+}
+
+static void phase(struct tu_work *t, enum tu_phase p)
+{
+	atomic_store_explicit(t->phase, p, memory_order_relaxed);
+}
+
+static void do_alloc(struct tu_work *t)
+{
+	uint32_t ids[4], k = 1 + (uint32_t)(tu_rand(&t->rng) % 4);
+	int ret;
+
+	if (k > t->max_refs - t->n_refs)
+		k = t->max_refs - t->n_refs;
+	if (!k)
+		return;
+	phase(t, TU_ALLOC);
+	ret = kva_alloc(t->w, k, ids);
+	phase(t, TU_IDLE);
+	if (ret == -ENOSPC) {
+		t->enospc++;
+		return;
+	}
+	if (ret < 0) {
+		unexpected(t, "alloc", ret);
+		return;
+	}
+	for (uint32_t j = 0; j < k; j++) {
+		uint32_t seq = ++t->seq;
+
+		stamp_write(t, ids[j], seq);
+		t->refs[t->n_refs++] = (struct tu_ref){ ids[j], seq, true };
+	}
+}
+
+static void do_free(struct tu_work *t)
+{
+	uint32_t ids[3], k = 1 + (uint32_t)(tu_rand(&t->rng) % 3);
+	int ret;
+
+	if (k > t->n_refs)
+		k = t->n_refs;
+	/* take k random references off the list (an id may repeat: we hold
+	 * that many references to it) */
+	for (uint32_t j = 0; j < k; j++) {
+		uint32_t at = (uint32_t)(tu_rand(&t->rng) % t->n_refs);
+
+		verify(t, &t->refs[at]);
+		ids[j] = t->refs[at].id;
+		t->refs[at] = t->refs[--t->n_refs];
+	}
+	phase(t, TU_FREE);
+	ret = kva_free(t->w, ids, k);
+	phase(t, TU_IDLE);
+	if (ret < 0)
+		unexpected(t, "free", ret);
+}
+
+static void do_share_own(struct tu_work *t)
+{
+	uint32_t at = (uint32_t)(tu_rand(&t->rng) % t->n_refs), slot;
+	struct tu_ref *r = &t->refs[at];
+	int ret;
+
+	if (!r->excl || t->n_refs == t->max_refs)
+		return;
+	phase(t, TU_SHARE_OWN);
+	ret = kva_share(t->w, &r->id, 1);
+	phase(t, TU_IDLE);
+	if (ret < 0) {
+		unexpected(t, "share own", ret);
+		return;
+	}
+	r->excl = false;
+	t->refs[t->n_refs++] = *r;
+	slot = atomic_fetch_add(&t->board->next, 1) % TU_BOARD_SIZE;
+	atomic_store(&t->board->ids[slot], r->id + 1);
+}
+
+static void do_share_other(struct tu_work *t)
+{
+	uint32_t id = atomic_load(&t->board->ids[tu_rand(&t->rng) % TU_BOARD_SIZE]), seq;
+	int ret;
+
+	if (!id--)
+		return;
+	phase(t, TU_SHARE_OTHER);
+	ret = kva_share(t->w, &id, 1);
+	phase(t, TU_IDLE);
+	if (ret == -EPERM) /* the board is old news: freed, or someone's again */
+		return;
+	if (ret < 0) {
+		unexpected(t, "share other", ret);
+		return;
+	}
+	if (!stamp_read(t, id, &seq)) {
+		atomic_fetch_add(&t->board->errors, 1);
+		fprintf(stderr, "pid %d: shared block %u carries no whole stamp\n", (int)getpid(),
+			id);
+	}
+	t->refs[t->n_refs++] = (struct tu_ref){ id, seq, false };
+}
+
+void tu_work_step(struct tu_work *t)
+{
+	uint32_t r = (uint32_t)(tu_rand(&t->rng) % 100);
+
+	t->ops++;
+	if (t->n_refs == t->max_refs || (r >= 35 && r < 65 && t->n_refs))
+		do_free(t);
+	else if (r < 35 || !t->n_refs)
+		do_alloc(t);
+	else if (r < 80)
+		do_share_own(t);
+	else
+		do_share_other(t);
+}
+
+void tu_work_drain(struct tu_work *t)
+{
+	while (t->n_refs) {
+		struct tu_ref r = t->refs[--t->n_refs];
+		int ret;
+
+		verify(t, &r);
+		ret = kva_free(t->w, &r.id, 1);
+		if (ret < 0)
+			unexpected(t, "drain free", ret);
+	}
+}
