@@ -1,0 +1,238 @@
+/* SPDX-License-Identifier: MIT */
+/*
+ * bench.h - what the kvarena-bench subcommands share: the clock, the one
+ * get/put loop every allocator is measured with, trials in one or several
+ * processes and their median, and JSON lines on stdout.
+ *
+ * Conventions as in the library: int functions return 0 or a negative errno.
+ * A subcommand's entry point is the exception: it returns an exit status
+ * (0 done, 1 failed, 2 bad usage), as main() does.
+ */
+#ifndef KVA_BENCH_H
+#define KVA_BENCH_H
+
+#include <errno.h>
+#include <stdbool.h>
+#include <stddef.h>
+#include <stdint.h>
+#include <sys/types.h>
+#include <time.h>
+
+/* ------------------------------------------------------------------ clock */
+
+static inline uint64_t bench_now_ns(void)
+{
+	struct timespec ts;
+
+	clock_gettime(CLOCK_MONOTONIC, &ts);
+	return (uint64_t)ts.tv_sec * 1000000000ull + (uint64_t)ts.tv_nsec;
+}
+
+/*
+ * bench_sleep_until - sleep until CLOCK_MONOTONIC reads @ns. That clock is the
+ * same in every process of the machine, so processes given one @ns start
+ * together, to within their wake-up latency.
+ */
+static inline void bench_sleep_until(uint64_t ns)
+{
+	struct timespec ts = {
+		.tv_sec = (time_t)(ns / 1000000000ull),
+		.tv_nsec = (long)(ns % 1000000000ull),
+	};
+
+	while (clock_nanosleep(CLOCK_MONOTONIC, TIMER_ABSTIME, &ts, NULL) == EINTR)
+		;
+}
+
+/* xorshift64*: reproducible runs, the same sequence on every machine. */
+static inline uint64_t bench_rand(uint64_t *state)
+{
+	uint64_t x = *state;
+
+	x ^= x >> 12;
+	x ^= x << 25;
+	x ^= x >> 27;
+	*state = x;
+	return x * 0x2545f4914f6cdd1dull;
+}
+
+/* ------------------------------------------------------------- the loop */
+
+/* Take (get) or give back (put) the objects at [at, at + n) of the context's table. */
+typedef int (*bench_op_fn)(void *ctx, uint32_t at, uint32_t n);
+
+struct bench_result {
+	uint64_t pairs;      /* get+put pairs done */
+	uint64_t elapsed_ns;
+};
+
+/* Pairs between two reads of the clock: a clock read costs ~20 ns, so its
+ * share of a 5 ns pair stays under 0.2%, and a trial overruns its end by a
+ * few microseconds at most. */
+#define BENCH_PAIRS_PER_CLOCK 2048u
+
+/*
+ * bench_loop - the loop every allocator is measured with, after DPDK's
+ * mempool_perf_autotest: repeat { get @keep objects, @step per call; put them
+ * back in the same order, @step per call } from @start_ns until @end_ns.
+ * A failed get or put ends the trial with its error.
+ *
+ * Always inlined, and meant to be called with constant @step and with @get
+ * and @put always-inline functions of the caller's file: each allocator's
+ * calls are then compiled into its own copy of the loop, as they would be in
+ * its user's code (DPDK's inline, kvarena's a call into libkvarena.so), and no
+ * indirect call of the benchmark's own is measured.
+ */
+static inline __attribute__((always_inline)) int
+bench_loop(void *ctx, uint32_t keep, uint32_t step, bench_op_fn get, bench_op_fn put,
+	   uint64_t start_ns, uint64_t end_ns, struct bench_result *res)
+{
+	uint32_t rounds = keep < BENCH_PAIRS_PER_CLOCK ? BENCH_PAIRS_PER_CLOCK / keep : 1;
+	uint64_t pairs = 0, t0, now;
+	int ret;
+
+	bench_sleep_until(start_ns);
+	t0 = bench_now_ns();
+	do {
+		for (uint32_t r = 0; r < rounds; r++) {
+			for (uint32_t at = 0; at < keep; at += step)
+				if ((ret = get(ctx, at, step)) < 0)
+					return ret;
+			for (uint32_t at = 0; at < keep; at += step)
+				if ((ret = put(ctx, at, step)) < 0)
+					return ret;
+		}
+		pairs += (uint64_t)rounds * keep;
+		now = bench_now_ns();
+	} while (now < end_ns);
+	res->pairs = pairs;
+	res->elapsed_ns = now - t0;
+	return 0;
+}
+
+/* ------------------------------------------------------------- trials */
+
+#define BENCH_MAX_TRIALS 99u
+#define BENCH_MAX_PROCS 8u
+
+struct bench_plan {
+	unsigned trials;    /* measured trials, 1..BENCH_MAX_TRIALS */
+	uint64_t trial_ns;  /* length of each */
+	uint64_t warmup_ns; /* one trial before them, not counted: caches, page faults */
+};
+
+/*
+ * What is measured, in each process that runs the loop: @open makes the
+ * process's context (joins a worker, say) and is called in that process;
+ * @trial runs bench_loop() over [start_ns, end_ns); @close undoes @open.
+ */
+struct bench_subject {
+	const char *name; /* for messages */
+	void *arg;
+	int (*open)(void *arg, unsigned proc, void **ctx);
+	int (*trial)(void *ctx, uint64_t start_ns, uint64_t end_ns, struct bench_result *r);
+	void (*close)(void *ctx);
+};
+
+struct bench_figure {
+	double pair_ns;   /* ns per pair and process at the summed rate:
+			   * processes / ops_per_s (elapsed / pairs for one) */
+	double ops_per_s; /* pairs per second, summed over the processes */
+	double pair_ns_min, pair_ns_max; /* the fastest and slowest trial's pair_ns */
+};
+
+/*
+ * bench_measure - run @s in @procs processes at once (1: this one; more:
+ * forked children, each starting every trial at the same instant), a warm-up
+ * and then @p->trials trials, and give the median trial (ranked by ops_per_s;
+ * for an even count, the upper of the two middle ones).
+ * Return: 0, a subject's error, or the errno of a fork/pipe/child failure.
+ */
+int bench_measure(const struct bench_subject *s, const struct bench_plan *p, unsigned procs,
+		  struct bench_figure *out);
+
+/*
+ * bench_measure_turns - measure @n subjects (@s[i] in @procs[i] processes)
+ * taking turns: one trial of each, then the next trial of each, so that a
+ * slow spell of a shared machine falls on every subject alike instead of on
+ * all the trials of one. Each trial is a bench_measure() of one trial after
+ * its warm-up, from open to close. @out[i] is @s[i]'s median trial.
+ * Return: as bench_measure(); the failing subject is named on stderr.
+ */
+int bench_measure_turns(const struct bench_subject *s, const unsigned *procs, unsigned n,
+			const struct bench_plan *p, struct bench_figure *out);
+
+/* bench_median - the median of @v (sorted in place); NaN when @n is 0. */
+double bench_median(double *v, unsigned n);
+
+/*
+ * bench_read_full - read exactly @len bytes from @fd, waiting at most
+ * @timeout_ms for each part. Return: 0, -ETIMEDOUT, -EPIPE (end of file
+ * first), or a failed poll/read's -errno.
+ */
+int bench_read_full(int fd, void *buf, size_t len, int timeout_ms);
+
+/* bench_reap - wait for child @pid. Return: 0 if it exited with status 0, else -ECHILD or -errno. */
+int bench_reap(pid_t pid);
+
+/* bench_parse_u32 / bench_parse_double - a whole string as a number in [lo, hi]; -EINVAL if not. */
+int bench_parse_u32(const char *s, uint32_t lo, uint32_t hi, uint32_t *out);
+int bench_parse_double(const char *s, double lo, double hi, double *out);
+
+/* ------------------------------------------------------------ JSON lines */
+
+/*
+ * One JSON object, printed as one line. Keys, the bench and the mode names
+ * are the program's own constants and need no escaping.
+ */
+struct bench_line {
+	char buf[1024];
+	size_t len;
+	bool overflow;
+};
+
+void bench_line_begin(struct bench_line *l, const char *bench, const char *mode);
+/* a number with @decimals digits after the point; NaN or infinity print null */
+void bench_line_num(struct bench_line *l, const char *key, double v, int decimals);
+/* Return: 0, -ENOBUFS (the line outgrew its buffer), -EIO (stdout failed). */
+int bench_line_print(struct bench_line *l);
+
+/* ------------------------------------------------------------ subcommands */
+
+int bench_alloc_main(int argc, char **argv);
+
+/* ----------------------------------------- bench_dpdk.c: the DPDK peer */
+
+#define BENCH_DPDK_MAX_OCC 2u
+#define BENCH_DPDK_MAX_RUNS 4u
+
+/* What to measure with rte_mempool: each run at each occupancy. */
+struct bench_dpdk_request {
+	struct bench_plan plan;
+	uint32_t objects;   /* mempool size */
+	uint32_t keep;
+	unsigned occupancies;
+	double occupancy[BENCH_DPDK_MAX_OCC]; /* objects held while measuring */
+	unsigned runs;
+	struct {
+		uint32_t cache;  /* per-lcore cache size, 0 = none */
+		bool bulk;       /* one call for all @keep objects */
+	} run[BENCH_DPDK_MAX_RUNS];
+};
+
+struct bench_dpdk_report {
+	int32_t status;                        /* 0, or the first failure's -errno */
+	double occupancy[BENCH_DPDK_MAX_OCC];  /* as measured: objects in use / size */
+	struct bench_figure fig[BENCH_DPDK_MAX_OCC][BENCH_DPDK_MAX_RUNS];
+};
+
+/*
+ * bench_dpdk_alloc - initialise DPDK's EAL in this process and measure
+ * rte_mempool_get/put with bench_loop(). The EAL pins the process to CPU 0
+ * and cannot be undone, so call it in a process made for it (a child that
+ * forks nothing). Failures are also told on stderr.
+ * Return: 0, or -errno (rep->status says the same).
+ */
+int bench_dpdk_alloc(const struct bench_dpdk_request *req, struct bench_dpdk_report *rep);
+
+#endif /* KVA_BENCH_H */
