@@ -27,7 +27,11 @@ int kva_arena_stats(struct kva_arena *a, struct kva_stats *st)
 		if (o->state == KVA_SLOT_FREE)
 			continue;
 		st->workers++;
-		o->pid = (int32_t)atomic_load_explicit(&s->owner_pid, memory_order_relaxed);
+		/* the state word names the joiner from the first instant; while
+		 * RECLAIMING it names the reclaimer instead */
+		o->pid = o->state == KVA_SLOT_RECLAIMING
+				 ? (int32_t)atomic_load_explicit(&s->owner_pid, memory_order_relaxed)
+				 : kva__slot_pid(word);
 		kva__slot_name(s, o->name);
 		o->cached = (uint32_t)atomic_load_explicit(&s->cached, memory_order_relaxed);
 		o->allocs = atomic_load_explicit(&s->allocs, memory_order_relaxed);

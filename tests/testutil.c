@@ -319,6 +319,7 @@ static void do_share_other(struct tu_work *t)
 			id);
 	}
 	t->refs[t->n_refs++] = (struct tu_ref){ id, seq, false };
+	atomic_fetch_add_explicit(&t->board->cross_shares, 1, memory_order_relaxed);
 }
 
 void tu_work_step(struct tu_work *t)

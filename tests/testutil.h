@@ -29,6 +29,8 @@ struct tu_board {
 	_Atomic uint32_t next;
 	_Atomic uint32_t errors;             /* data found changed under a reference */
 	_Atomic uint32_t unexpected;         /* a call failed in a way it must not */
+	_Atomic uint64_t cross_shares;       /* references taken on others' blocks */
+	_Atomic uint64_t ops;
 };
 
 /* What one worker holds, as it knows it, written where the checker reads it. */
