@@ -3,14 +3,14 @@
  * alloc.c - kva_alloc, kva_free, kva_share.
  *
  * The common path is a worker's private cache of blocks it owns: alloc pops,
- * free pushes, and neither executes an atomic read-modify-write nor writes a
- * cache line another worker writes. That is safe because a block OWNED by a
+ * free pushes (inline, in kvarena.h), and neither executes an atomic
+ * instruction nor touches shared memory. That is safe because a block OWNED by a
  * worker (in the descriptor) is written by nobody else: other workers can
  * only reference blocks that their holder has shared. The cache is refilled
  * and flushed in batches through the shared pool (pool.c).
  *
  * Whether this worker holds a block, and how many references, is its private
- * array w->priv; it mirrors the descriptor exactly for the blocks it holds,
+ * array w->c.held; it mirrors the descriptor exactly for the blocks it holds,
  * so double and foreign frees are caught without reading shared memory.
  */
 #include <errno.h>
@@ -20,81 +20,54 @@
 
 #include "arena_pvt.h"
 
-static inline void publish_counts(struct kva_worker *w)
-{
-	struct kva__slot *s = w->slot;
-
-	/* Single writer (us), read by ops tools as hints: relaxed stores. */
-	atomic_store_explicit(&s->cached, w->cache_len, memory_order_relaxed);
-	atomic_store_explicit(&s->allocs, w->allocs, memory_order_relaxed);
-	atomic_store_explicit(&s->frees, w->frees, memory_order_relaxed);
-}
-
 void kva__cache_publish(struct kva_worker *w)
 {
 	struct kva__slot *s = w->slot;
 
-	publish_counts(w);
+	/* Single writer (us), read by ops tools as hints: relaxed stores, on
+	 * the slow paths only (the inline fast path touches no shared line). */
+	atomic_store_explicit(&s->cached, w->c.len, memory_order_relaxed);
 	atomic_store_explicit(&s->shares, w->shares, memory_order_relaxed);
 	atomic_store_explicit(&s->refills, w->refills, memory_order_relaxed);
 	atomic_store_explicit(&s->flushes, w->flushes, memory_order_relaxed);
 }
 
-/*
- * release_own - give blocks this worker owns and nobody holds back to the
- * pool. A descriptor that no longer says OWNED by us is left alone: it can
- * only mean our slot was reclaimed under us, and the block is not ours.
- */
-static void release_own(struct kva_worker *w, uint32_t *ids, uint32_t n)
-{
-	uint32_t keep = 0;
-
-	for (uint32_t k = 0; k < n; k++) {
-		uint64_t d = atomic_load_explicit(&w->desc[ids[k]], memory_order_relaxed);
-
-		if (kva__d_kind(d) == KVA__D_OWNED && kva__d_payload(d) == w->owner_payload)
-			ids[keep++] = ids[k];
-	}
-	kva__pool_release(w->arena, ids, keep);
-}
-
 /* cache_trim - send the cache down to @keep blocks. */
 static void cache_trim(struct kva_worker *w, uint32_t keep)
 {
-	if (w->cache_len <= keep)
+	if (w->c.len <= keep)
 		return;
-	release_own(w, w->cache + keep, w->cache_len - keep);
-	w->cache_len = keep;
+	kva__pool_release(w, w->c.ids + keep, w->c.len - keep);
+	w->c.len = keep;
 	w->flushes++;
-	kva__cache_publish(w);
 }
 
 static inline bool under_pressure(struct kva_worker *w)
 {
 	/* a line written only when the arena turns nearly full or stops being:
 	 * in every worker's cache, read-only, almost always */
-	return atomic_load_explicit(w->pressure, memory_order_relaxed);
+	return atomic_load_explicit(&w->arena->pool->pressure, memory_order_relaxed);
 }
 
 static void set_pressure(struct kva_worker *w, bool on)
 {
 	if (under_pressure(w) != on)
-		atomic_store_explicit(w->pressure, on, memory_order_relaxed);
+		atomic_store_explicit(&w->arena->pool->pressure, on, memory_order_relaxed);
 }
 
 /* put_block - an exclusive block nobody holds any more goes to the cache. */
 static void put_block(struct kva_worker *w, uint32_t id)
 {
-	if (unlikely(w->cache_len == w->cache_cap || under_pressure(w))) {
-		if (!w->cache_cap || under_pressure(w)) {
+	if (unlikely(w->c.len == w->c.cap || under_pressure(w))) {
+		if (!w->c.cap || under_pressure(w)) {
 			cache_trim(w, 0);
-			release_own(w, &id, 1);
+			kva__pool_release(w, &id, 1);
 			return;
 		}
 		/* keep the lower half, the blocks that waited longest go back */
-		cache_trim(w, w->cache_cap / 2);
+		cache_trim(w, w->c.cap / 2);
 	}
-	w->cache[w->cache_len++] = id;
+	w->c.ids[w->c.len++] = id;
 }
 
 int kva__worker_check_live(struct kva_worker *w)
@@ -108,7 +81,32 @@ int kva__worker_check_live(struct kva_worker *w)
 	return 0;
 }
 
-static int alloc_slow(struct kva_worker *w, uint32_t n, uint32_t *ids)
+/*
+ * refill - top the cache up to half its capacity, unless the arena is short
+ * of blocks: then cache nothing (and try again only every cap-th slow call,
+ * so that a nearly full arena does not make every call scan it).
+ */
+static void refill(struct kva_worker *w)
+{
+	uint32_t want, more;
+
+	if (!w->c.cap || w->c.len >= w->c.cap / 2)
+		return;
+	if (under_pressure(w) && w->probe--)
+		return;
+	want = (uint32_t)(w->c.cap / 2 - w->c.len);
+	more = kva__pool_claim(w, want, w->c.ids + w->c.len);
+	w->c.len += more;
+	w->refills++;
+	/* a short refill means the arena is nearly full: hoard nothing */
+	set_pressure(w, more < want);
+	if (more < want) {
+		cache_trim(w, 0);
+		w->probe = (uint32_t)w->c.cap;
+	}
+}
+
+int kva_alloc_slow(struct kva_worker *w, uint32_t n, uint32_t *ids)
 {
 	uint32_t from_cache, need, got;
 	int ret;
@@ -119,61 +117,36 @@ static int alloc_slow(struct kva_worker *w, uint32_t n, uint32_t *ids)
 		return 0;
 	if ((ret = kva__worker_check_live(w)) < 0)
 		return ret;
-	if (n > w->blocks) {
+	if (n > w->c.blocks) {
 		cache_trim(w, 0);
-		return kva__err(-ENOSPC, "alloc of %u blocks: the arena has %u", n, w->blocks);
+		return kva__err(-ENOSPC, "alloc of %u blocks: the arena has %zu", n, w->c.blocks);
 	}
 
-	from_cache = w->cache_len < n ? w->cache_len : n;
-	w->cache_len -= from_cache;
-	memcpy(ids, w->cache + w->cache_len, from_cache * sizeof(*ids));
+	from_cache = w->c.len < n ? (uint32_t)w->c.len : n;
+	w->c.len -= from_cache;
+	memcpy(ids, w->c.ids + w->c.len, from_cache * sizeof(*ids));
 	need = n - from_cache;
-	got = kva__pool_claim(w, need, ids + from_cache);
+	got = need ? kva__pool_claim(w, need, ids + from_cache) : 0;
 	if (got < need) {
 		/* all or nothing; and our own cache goes back too, so that our
 		 * failure does not keep free blocks from the others */
-		release_own(w, ids, from_cache + got);
+		kva__pool_release(w, ids, from_cache + got);
 		cache_trim(w, 0);
 		set_pressure(w, true);
+		kva__cache_publish(w);
 		return kva__err(-ENOSPC, "alloc of %u blocks: %u free outside worker caches", n,
 				from_cache + got);
 	}
-	if (w->cache_cap && w->cache_len < w->cache_cap / 2) {
-		uint32_t want = w->cache_cap / 2 - w->cache_len;
-		uint32_t more = kva__pool_claim(w, want, w->cache + w->cache_len);
-
-		w->refills++;
-		w->cache_len += more;
-		/* a short refill means the arena is nearly full: hoard nothing */
-		set_pressure(w, more < want);
-		if (more < want)
-			cache_trim(w, 0);
-	}
+	refill(w);
 	for (uint32_t k = 0; k < n; k++)
-		w->priv[ids[k]] = KVA__PRIV_EXCL;
-	w->allocs += n;
+		w->c.held[ids[k]] = KVA__HELD_EXCL;
 	kva__cache_publish(w);
 	return 0;
 }
 
 int kva_alloc(struct kva_worker *w, uint32_t n, uint32_t *ids)
 {
-	/* n - 1 < len: 1 <= n <= len, so n == 0 takes the slow path */
-	if (likely(w && ids && n - 1u < w->cache_len)) {
-		uint32_t len = w->cache_len - n;
-
-		for (uint32_t k = 0; k < n; k++) {
-			uint32_t id = w->cache[len + k];
-
-			ids[k] = id;
-			w->priv[id] = KVA__PRIV_EXCL;
-		}
-		w->cache_len = len;
-		w->allocs += n;
-		publish_counts(w);
-		return 0;
-	}
-	return alloc_slow(w, n, ids);
+	return kva__alloc_inline(w, n, ids);
 }
 
 /*
@@ -202,82 +175,96 @@ static void drop_holder(struct kva_worker *w, uint32_t id)
 	}
 }
 
-static int free_slow(struct kva_worker *w, const uint32_t *ids, uint32_t n)
+/* free_one - drop one reference to a block we hold; the held check is done */
+static void free_one(struct kva_worker *w, uint32_t id, uint32_t held)
+{
+	if (held == KVA__HELD_EXCL) {
+		w->c.held[id] = 0;
+		put_block(w, id);
+	} else {
+		w->c.held[id] = held - 1;
+		if (held == 1)
+			drop_holder(w, id);
+	}
+}
+
+int kva_free_slow(struct kva_worker *w, const uint32_t *ids, uint32_t n)
 {
 	uint32_t k;
 	int ret;
 
 	if (!w || (n && !ids))
 		return -EINVAL;
+	if (n == 1) {
+		uint32_t id = ids[0], held;
+
+		if (id >= w->c.blocks)
+			return kva__err(-EINVAL, "free: block %u out of range (%zu blocks)", id,
+					w->c.blocks);
+		held = w->c.held[id];
+		if (!held)
+			return kva__err(-EPERM, "free: block %u is not held by worker %u", id,
+					w->slot_id);
+		free_one(w, id, held);
+		kva__cache_publish(w);
+		return 0;
+	}
 
 	/* Pass 1: check every id and mark what will go, so that a failure
 	 * changes nothing (ids may repeat: each occurrence drops one reference). */
 	for (k = 0; k < n; k++) {
 		uint32_t id = ids[k], p;
 
-		if (id >= w->blocks) {
-			ret = kva__err(-EINVAL, "free: block %u out of range (%u blocks)", id,
-				       w->blocks);
+		if (id >= w->c.blocks) {
+			ret = kva__err(-EINVAL, "free: block %u out of range (%zu blocks)", id,
+				       w->c.blocks);
 			goto undo;
 		}
-		p = w->priv[id];
-		if (p == KVA__PRIV_EXCL) {
-			w->priv[id] = KVA__PRIV_EXCL | KVA__PRIV_PENDING;
-		} else if (p & KVA__PRIV_EXCL || !(p & KVA__PRIV_MAXREF)) {
+		p = w->c.held[id];
+		if (p == KVA__HELD_EXCL) {
+			w->c.held[id] = KVA__HELD_EXCL | KVA__HELD_PENDING;
+		} else if (p & KVA__HELD_EXCL || !(p & KVA__HELD_MAXREF)) {
 			ret = kva__err(-EPERM, "free: block %u is not held by worker %u%s", id,
 				       w->slot_id, p ? " (freed twice in this call)" : "");
 			goto undo;
 		} else {
-			w->priv[id] = ((p & KVA__PRIV_MAXREF) - 1) | KVA__PRIV_PENDING;
+			w->c.held[id] = ((p & KVA__HELD_MAXREF) - 1) | KVA__HELD_PENDING;
 		}
 	}
 
 	/* Pass 2: do it. */
 	for (k = 0; k < n; k++) {
-		uint32_t id = ids[k], p = w->priv[id];
+		uint32_t id = ids[k], p = w->c.held[id];
 
-		if (!(p & KVA__PRIV_PENDING))
+		if (!(p & KVA__HELD_PENDING))
 			continue; /* a repeat, done at its first occurrence */
-		if (p & KVA__PRIV_EXCL) {
-			w->priv[id] = 0;
+		if (p & KVA__HELD_EXCL) {
+			w->c.held[id] = 0;
 			put_block(w, id);
 		} else {
-			w->priv[id] = p & KVA__PRIV_MAXREF;
-			if (!w->priv[id])
+			w->c.held[id] = p & KVA__HELD_MAXREF;
+			if (!w->c.held[id])
 				drop_holder(w, id);
 		}
 	}
-	w->frees += n;
 	kva__cache_publish(w);
 	return 0;
 
 undo:
 	for (uint32_t j = 0; j < k; j++) {
-		uint32_t id = ids[j], p = w->priv[id];
+		uint32_t id = ids[j], p = w->c.held[id];
 
-		if (!(p & KVA__PRIV_EXCL))
-			w->priv[id] = ((p & KVA__PRIV_MAXREF) + 1) | KVA__PRIV_PENDING;
+		if (!(p & KVA__HELD_EXCL))
+			w->c.held[id] = ((p & KVA__HELD_MAXREF) + 1) | KVA__HELD_PENDING;
 	}
 	for (uint32_t j = 0; j < k; j++)
-		w->priv[ids[j]] &= ~KVA__PRIV_PENDING;
+		w->c.held[ids[j]] &= ~KVA__HELD_PENDING;
 	return ret;
 }
 
 int kva_free(struct kva_worker *w, const uint32_t *ids, uint32_t n)
 {
-	if (likely(w && ids && n == 1)) {
-		uint32_t id = ids[0];
-
-		if (likely(id < w->blocks && w->priv[id] == KVA__PRIV_EXCL &&
-			   w->cache_len < w->cache_cap && !under_pressure(w))) {
-			w->priv[id] = 0;
-			w->cache[w->cache_len++] = id;
-			w->frees++;
-			publish_counts(w);
-			return 0;
-		}
-	}
-	return free_slow(w, ids, n);
+	return kva__free_inline(w, ids, n);
 }
 
 /*
@@ -308,14 +295,14 @@ static int join_holders(struct kva_worker *w, uint32_t id)
 
 /*
  * unshare_one - undo one reference taken earlier in a failed kva_share().
- * KVA__PRIV_PENDING marks blocks this call turned from exclusive to shared;
+ * KVA__HELD_PENDING marks blocks this call turned from exclusive to shared;
  * they go back to exclusive if nobody joined them meanwhile.
  */
 static void unshare_one(struct kva_worker *w, uint32_t id)
 {
-	uint32_t p = w->priv[id], cnt = p & KVA__PRIV_MAXREF;
+	uint32_t p = w->c.held[id], cnt = p & KVA__HELD_MAXREF;
 
-	if ((p & KVA__PRIV_PENDING) && cnt == 2) {
+	if ((p & KVA__HELD_PENDING) && cnt == 2) {
 		uint64_t d = atomic_load_explicit(&w->desc[id], memory_order_relaxed);
 
 		if (d == kva__d_make(KVA__D_SHARED, kva__d_epoch(d), w->holder_bit) &&
@@ -323,13 +310,13 @@ static void unshare_one(struct kva_worker *w, uint32_t id)
 			    &w->desc[id], &d,
 			    kva__d_make(KVA__D_OWNED, kva__d_epoch(d), w->owner_payload),
 			    memory_order_acq_rel, memory_order_relaxed))
-			w->priv[id] = KVA__PRIV_EXCL;
+			w->c.held[id] = KVA__HELD_EXCL;
 		else
-			w->priv[id] = 1 | KVA__PRIV_PENDING; /* others hold it now */
+			w->c.held[id] = 1 | KVA__HELD_PENDING; /* others hold it now */
 	} else if (cnt > 1) {
-		w->priv[id] = (cnt - 1) | (p & KVA__PRIV_PENDING);
+		w->c.held[id] = (cnt - 1) | (p & KVA__HELD_PENDING);
 	} else {
-		w->priv[id] = 0;
+		w->c.held[id] = 0;
 		drop_holder(w, id);
 	}
 }
@@ -348,13 +335,13 @@ int kva_share(struct kva_worker *w, const uint32_t *ids, uint32_t n)
 	for (k = 0; k < n; k++) {
 		uint32_t id = ids[k], p;
 
-		if (id >= w->blocks) {
-			ret = kva__err(-EINVAL, "share: block %u out of range (%u blocks)", id,
-				       w->blocks);
+		if (id >= w->c.blocks) {
+			ret = kva__err(-EINVAL, "share: block %u out of range (%zu blocks)", id,
+				       w->c.blocks);
 			goto undo;
 		}
-		p = w->priv[id];
-		if (p == KVA__PRIV_EXCL) {
+		p = w->c.held[id];
+		if (p == KVA__HELD_EXCL) {
 			/* Ours alone: nobody else writes its descriptor, so a
 			 * store makes it shared. release: what we wrote into the
 			 * block is visible to whoever joins (join_holders). */
@@ -365,22 +352,22 @@ int kva_share(struct kva_worker *w, const uint32_t *ids, uint32_t n)
 							  w->holder_bit),
 					      memory_order_release);
 			KVA__CRASH_POINT(KVA__CP_SHARE_EXCL);
-			w->priv[id] = 2 | KVA__PRIV_PENDING;
-		} else if ((p & KVA__PRIV_MAXREF) == KVA__PRIV_MAXREF) {
+			w->c.held[id] = 2 | KVA__HELD_PENDING;
+		} else if ((p & KVA__HELD_MAXREF) == KVA__HELD_MAXREF) {
 			ret = kva__err(-EOVERFLOW, "share: block %u has %u references from "
-				       "worker %u", id, KVA__PRIV_MAXREF, w->slot_id);
+				       "worker %u", id, KVA__HELD_MAXREF, w->slot_id);
 			goto undo;
-		} else if (p & KVA__PRIV_MAXREF) {
-			w->priv[id] = p + 1;
+		} else if (p & KVA__HELD_MAXREF) {
+			w->c.held[id] = p + 1;
 		} else {
 			if ((ret = join_holders(w, id)) < 0)
 				goto undo;
 			KVA__CRASH_POINT(KVA__CP_SHARE_JOIN);
-			w->priv[id] = 1;
+			w->c.held[id] = 1;
 		}
 	}
 	for (k = 0; k < n; k++)
-		w->priv[ids[k]] &= ~KVA__PRIV_PENDING;
+		w->c.held[ids[k]] &= ~KVA__HELD_PENDING;
 	w->shares += n;
 	kva__cache_publish(w);
 	return 0;
@@ -389,7 +376,7 @@ undo:
 	for (uint32_t j = k; j-- > 0;)
 		unshare_one(w, ids[j]);
 	for (uint32_t j = 0; j < k; j++)
-		w->priv[ids[j]] &= ~KVA__PRIV_PENDING;
+		w->c.held[ids[j]] &= ~KVA__HELD_PENDING;
 	return ret;
 }
 
@@ -402,24 +389,24 @@ void kva__worker_release_all(struct kva_worker *w)
 	uint32_t batch[256], n = 0;
 
 	cache_trim(w, 0);
-	for (uint32_t id = 0; id < w->blocks; id++) {
-		uint32_t p = w->priv[id];
+	for (uint32_t id = 0; id < w->c.blocks; id++) {
+		uint32_t p = w->c.held[id];
 
 		if (!p)
 			continue;
-		w->priv[id] = 0;
+		w->c.held[id] = 0;
 		KVA__CRASH_POINT(KVA__CP_LEAVE_RELEASE);
-		if (p & KVA__PRIV_EXCL) {
+		if (p & KVA__HELD_EXCL) {
 			batch[n++] = id;
 			if (n == sizeof(batch) / sizeof(batch[0])) {
-				release_own(w, batch, n);
+				kva__pool_release(w, batch, n);
 				n = 0;
 			}
 		} else {
 			drop_holder(w, id); /* may land in the cache */
 		}
 	}
-	release_own(w, batch, n);
+	kva__pool_release(w, batch, n);
 	cache_trim(w, 0);
 }
 
@@ -429,14 +416,14 @@ int kva__cache_resize(struct kva_worker *w, uint32_t cap)
 
 	cache_trim(w, cap);
 	if (!cap) {
-		free(w->cache);
-		w->cache = NULL;
+		free(w->c.ids);
+		w->c.ids = NULL;
 	} else {
-		cache = realloc(w->cache, cap * sizeof(*cache));
+		cache = realloc(w->c.ids, cap * sizeof(*cache));
 		if (!cache)
 			return -ENOMEM;
-		w->cache = cache;
+		w->c.ids = cache;
 	}
-	w->cache_cap = cap;
+	w->c.cap = cap;
 	return 0;
 }

@@ -62,12 +62,13 @@ struct kva__header {
 
 /*
  * Pool state. pressure is set by a worker whose claim came back short (the
- * arena is nearly full) and cleared by one whose claim was filled; any worker
- * writes it, only at those transitions, with relaxed stores after a load that
- * saw the other value. While it is set, workers free straight to the pool and
- * keep no cache, so blocks stop sitting idle in one worker's cache while
- * another gets -ENOSPC. It is a hint: a crash leaves it either way and the
- * next claim corrects it.
+ * arena is nearly full) and cleared by one whose refill was filled; any
+ * worker writes it, only at those transitions, with a relaxed store after a
+ * load that saw the other value. While it is set, caches are not refilled,
+ * and a worker whose cache overflows sends all of it back rather than half:
+ * no more than one cache's worth of blocks per worker sits idle while
+ * another gets -ENOSPC. It is read on slow paths only. A hint: a crash
+ * leaves it either way and the next refill corrects it.
  */
 struct kva__pool {
 	alignas(128) _Atomic uint32_t pressure;
@@ -89,7 +90,7 @@ struct kva__slot {
 	_Atomic int64_t owner_pid;           /* the joiner, kept through RECLAIMING */
 	_Atomic uint64_t name[4];            /* 31 bytes and a NUL */
 	alignas(64) _Atomic uint64_t cached;
-	_Atomic uint64_t allocs, frees, shares, refills, flushes;
+	_Atomic uint64_t shares, refills, flushes;
 };
 
 _Static_assert(sizeof(struct kva__slot) == 128, "one slot is two cache lines");
@@ -181,32 +182,29 @@ struct kva_arena {
 };
 
 /*
- * Private state of one block as seen by one worker, in that worker's memory:
- * 0 not held; KVA__PRIV_EXCL held exclusively (the descriptor says OWNED by
- * us); n in 1..KVA__PRIV_MAXREF we hold n references to a shared block (the
+ * What one worker holds of one block, in that worker's memory (c.held[id]):
+ * 0 not held; KVA__HELD_EXCL held exclusively (the descriptor says OWNED by
+ * us); n in 1..KVA__HELD_MAXREF we hold n references to a shared block (the
  * descriptor has our holder bit). A block in our cache is 0 here and OWNED by
- * us in the descriptor. KVA__PRIV_PENDING marks ids inside a kva_free() call.
+ * us in the descriptor. KVA__HELD_PENDING marks ids inside a kva_free() or
+ * kva_share() call.
  */
-#define KVA__PRIV_EXCL 0x80000000u
-#define KVA__PRIV_PENDING 0x40000000u
-#define KVA__PRIV_MAXREF 0x3fffffffu
+#define KVA__HELD_PENDING 0x40000000u
+#define KVA__HELD_MAXREF 0x3fffffffu
 
 struct kva_worker {
+	struct kva_worker_cache c; /* first: the inline fast path's view */
 	struct kva_arena *arena;
 	struct kva__slot *slot;
 	_Atomic uint64_t *desc;
-	_Atomic uint32_t *pressure;
-	uint32_t *priv;            /* [blocks] */
-	uint32_t *cache;           /* ids of blocks we own that nobody holds */
-	uint32_t cache_len, cache_cap;
-	uint32_t blocks;
 	uint32_t slot_id;
 	uint32_t gen;
 	uint64_t owner_payload;    /* kva__owner_tag(slot_id, gen) */
 	uint64_t holder_bit;       /* 1 << slot_id */
 	uint64_t slot_word;        /* our LIVE state word; changes only if reclaimed */
-	uint32_t cursor;           /* next l0 word to look at */
-	uint64_t allocs, frees, shares, refills, flushes;
+	uint32_t cursor;           /* the block after our last claim */
+	uint32_t probe;            /* slow allocs until we try a refill under pressure */
+	uint64_t shares, refills, flushes;
 };
 
 /*
@@ -259,7 +257,7 @@ bool kva__pid_gone(pid_t pid, uint64_t start_time);
 
 /* pool.c: the free-block pool shared by all workers */
 uint32_t kva__pool_claim(struct kva_worker *w, uint32_t want, uint32_t *ids);
-void kva__pool_release(struct kva_arena *a, const uint32_t *ids, uint32_t n);
+void kva__pool_release(struct kva_worker *w, const uint32_t *ids, uint32_t n);
 void kva__hint_set(struct kva_arena *a, uint32_t word, uint64_t bits);
 
 /* error.c */

@@ -176,14 +176,19 @@ uint32_t kva__pool_claim(struct kva_worker *w, uint32_t want, uint32_t *ids)
 }
 
 /*
- * kva__pool_release - give blocks back: each descriptor becomes FREE (its
- * epoch bumped), then its hint bit is set. The caller owns every block
- * (a worker its own blocks, or a reclaimer a dead worker's), so a plain
- * store is enough to free it; release makes the block's data written so
- * far happen-before the next owner's claim.
+ * kva__pool_release - @w gives back blocks it owns and nobody holds: each
+ * descriptor becomes FREE (its epoch bumped), then its hint bit is set.
+ *
+ * An OWNED descriptor is written by its owner alone, so a plain store frees
+ * it; release makes the block's data written so far happen-before the next
+ * owner's claim (its acquire CAS). A descriptor that does not say OWNED by us
+ * is left alone: that can only mean our slot was reclaimed under us.
  */
-void kva__pool_release(struct kva_arena *a, const uint32_t *ids, uint32_t n)
+void kva__pool_release(struct kva_worker *w, const uint32_t *ids, uint32_t n)
 {
+	struct kva_arena *a = w->arena;
+	uint64_t mine = kva__d_make(KVA__D_OWNED, 0, w->owner_payload);
+	uint64_t match = ~(KVA__D_EPOCH_MASK << KVA__D_EPOCH_SHIFT);
 	uint32_t word = UINT32_MAX;
 	uint64_t bits = 0;
 
@@ -191,6 +196,8 @@ void kva__pool_release(struct kva_arena *a, const uint32_t *ids, uint32_t n)
 		uint32_t id = ids[k];
 		uint64_t d = atomic_load_explicit(&a->desc[id], memory_order_relaxed);
 
+		if (unlikely((d & match) != mine))
+			continue;
 		atomic_store_explicit(&a->desc[id], kva__d_next_free(d), memory_order_release);
 		KVA__CRASH_POINT(KVA__CP_RELEASE_STORE);
 		if (id / 64 != word) {

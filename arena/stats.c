@@ -34,8 +34,6 @@ int kva_arena_stats(struct kva_arena *a, struct kva_stats *st)
 				 : kva__slot_pid(word);
 		kva__slot_name(s, o->name);
 		o->cached = (uint32_t)atomic_load_explicit(&s->cached, memory_order_relaxed);
-		o->allocs = atomic_load_explicit(&s->allocs, memory_order_relaxed);
-		o->frees = atomic_load_explicit(&s->frees, memory_order_relaxed);
 		o->shares = atomic_load_explicit(&s->shares, memory_order_relaxed);
 		o->refills = atomic_load_explicit(&s->refills, memory_order_relaxed);
 		o->flushes = atomic_load_explicit(&s->flushes, memory_order_relaxed);

@@ -49,15 +49,14 @@ int kva_worker_join(struct kva_arena *a, const char *name, struct kva_worker **o
 	w = calloc(1, sizeof(*w));
 	if (!w)
 		return -ENOMEM;
-	w->priv = calloc(a->blocks, sizeof(*w->priv));
-	if (!w->priv) {
+	w->c.held = calloc(a->blocks, sizeof(*w->c.held));
+	if (!w->c.held) {
 		ret = -ENOMEM;
 		goto fail;
 	}
 	w->arena = a;
 	w->desc = a->desc;
-	w->pressure = &a->pool->pressure;
-	w->blocks = a->blocks;
+	w->c.blocks = a->blocks;
 	if ((ret = kva__cache_resize(w, a->hdr.cache_blocks)) < 0)
 		goto fail;
 	kva__pid_start_time(pid, &start_time, NULL);
@@ -84,8 +83,6 @@ int kva_worker_join(struct kva_arena *a, const char *name, struct kva_worker **o
 	atomic_store_explicit(&s->owner_pid, pid, memory_order_relaxed);
 	slot_set_name(s, name ? name : "worker");
 	atomic_store_explicit(&s->cached, 0, memory_order_relaxed);
-	atomic_store_explicit(&s->allocs, 0, memory_order_relaxed);
-	atomic_store_explicit(&s->frees, 0, memory_order_relaxed);
 	atomic_store_explicit(&s->shares, 0, memory_order_relaxed);
 	atomic_store_explicit(&s->refills, 0, memory_order_relaxed);
 	atomic_store_explicit(&s->flushes, 0, memory_order_relaxed);
@@ -96,15 +93,16 @@ int kva_worker_join(struct kva_arena *a, const char *name, struct kva_worker **o
 	w->owner_payload = kva__owner_tag(id, w->gen);
 	w->holder_bit = 1ull << id;
 	w->slot_word = kva__slot_word(KVA_SLOT_LIVE, w->gen, pid);
-	/* start claiming at a different place than the other slots */
-	w->cursor = (uint32_t)((uint64_t)a->blocks * id / a->max_workers);
+	/* start claiming far from the other slots: slot * golden ratio, mod 1,
+	 * spreads any number of them evenly around the arena */
+	w->cursor = (uint32_t)(((uint64_t)a->blocks * (uint32_t)(id * 0x9e3779b9u)) >> 32);
 	/* release: the fields above are visible to whoever sees LIVE */
 	atomic_store_explicit(&s->state, w->slot_word, memory_order_release);
 	*out = w;
 	return 0;
 fail:
-	free(w->cache);
-	free(w->priv);
+	free(w->c.ids);
+	free(w->c.held);
 	free(w);
 	return ret;
 }
@@ -126,8 +124,8 @@ void kva_worker_leave(struct kva_worker *w)
 			kva__slot_word(KVA_SLOT_FREE, w->gen + 1, 0),
 			memory_order_release, memory_order_relaxed);
 	}
-	free(w->cache);
-	free(w->priv);
+	free(w->c.ids);
+	free(w->c.held);
 	free(w);
 }
 
@@ -157,7 +155,7 @@ void *kva_block_data(struct kva_worker *w, uint32_t id)
 {
 	struct kva_arena *a;
 
-	if (!w || id >= w->blocks)
+	if (!w || id >= w->c.blocks)
 		return NULL;
 	a = w->arena;
 	return a->data + kva_kv_offset(&a->info.geometry, &a->info.layout, a->blocks, id, 0, 0, 0);
@@ -167,7 +165,7 @@ int kva_block_kv(struct kva_worker *w, uint32_t id, uint32_t layer, void **k, vo
 {
 	struct kva_arena *a;
 
-	if (!w || id >= w->blocks || !k || !v)
+	if (!w || id >= w->c.blocks || !k || !v)
 		return -EINVAL;
 	a = w->arena;
 	if (layer >= a->info.geometry.layers)

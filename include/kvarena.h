@@ -210,6 +210,9 @@ int kva_worker_set_cache(struct kva_worker *w, uint32_t blocks);
  * worker's own cache is returned to the arena first), -EINVAL, -ESTALE (this
  * worker's slot was reclaimed: it must not be used any more).
  */
+#ifndef KVA__LIBRARY_BUILD
+static inline
+#endif
 int kva_alloc(struct kva_worker *w, uint32_t n, uint32_t *ids);
 
 /*
@@ -220,7 +223,19 @@ int kva_alloc(struct kva_worker *w, uint32_t n, uint32_t *ids);
  * Return: 0, -EINVAL (id out of range, or NULL), -EPERM (not held: a double
  * free, a block of another worker, or a free block).
  */
+#ifndef KVA__LIBRARY_BUILD
+static inline
+#endif
 int kva_free(struct kva_worker *w, const uint32_t *ids, uint32_t n);
+
+/*
+ * kva_alloc_slow / kva_free_slow - the out-of-line whole of kva_alloc() and
+ * kva_free(), same contract; the inline versions call them when the worker's
+ * cache cannot answer. Also what to bind from other languages (the library
+ * exports kva_alloc and kva_free symbols as well).
+ */
+int kva_alloc_slow(struct kva_worker *w, uint32_t n, uint32_t *ids);
+int kva_free_slow(struct kva_worker *w, const uint32_t *ids, uint32_t n);
 
 /*
  * kva_share - take one more reference per id.
@@ -261,8 +276,11 @@ struct kva_slot_stats {
 	char name[32];
 	uint32_t owned;        /* blocks held exclusively (cache included) */
 	uint32_t shared;       /* shared blocks this slot holds */
-	uint32_t cached;       /* blocks in its private cache, as it last published */
-	uint64_t allocs, frees, shares, refills, flushes;
+	uint32_t cached;       /* blocks in its private cache, as of its last call
+				* that reached the arena (a cache hit publishes nothing) */
+	uint64_t refills;      /* batches taken from the arena into its cache */
+	uint64_t flushes;      /* batches its cache gave back */
+	uint64_t shares;       /* references taken */
 };
 
 struct kva_stats {
@@ -345,6 +363,76 @@ struct kva_check_report {
  * Return: 0 if it holds, -EUCLEAN if not (the report says what).
  */
 int kva_arena_check(struct kva_arena *a, struct kva_check_report *r);
+
+/* ------------------------------------------------------- inline fast path */
+
+/*
+ * The first member of every struct kva_worker: the worker's private cache of
+ * blocks it owns, which is all the inline kva_alloc() and kva_free() touch.
+ * It belongs to the library and may change with KVA_VERSION_MAJOR; it is in
+ * this header only so that a cache hit costs no call (as DPDK's mempool
+ * cache). Private memory of one worker: no atomics.
+ */
+struct kva_worker_cache {
+	uint32_t *ids;            /* [0, len): owned blocks that no one holds */
+	uint32_t *held;           /* per block: KVA__HELD_EXCL, a count of shared references, or 0 */
+	/* size_t, not uint32_t: a store of a block id (uint32_t) cannot change
+	 * them, so a compiler may keep them in registers */
+	size_t len, cap;
+	size_t blocks;
+};
+#define KVA__HELD_EXCL 0x80000000u
+
+static inline int kva__alloc_inline(struct kva_worker *w, uint32_t n, uint32_t *ids)
+{
+	struct kva_worker_cache *c = (struct kva_worker_cache *)w;
+
+	/* n - 1 < len: 1 <= n <= len; n == 0 takes the slow path */
+	if (__builtin_expect(w && ids && n - 1u < c->len, 1)) {
+		uint32_t len = c->len - n;
+
+		for (uint32_t k = 0; k < n; k++) {
+			uint32_t id = c->ids[len + k];
+
+			ids[k] = id;
+			c->held[id] = KVA__HELD_EXCL;
+		}
+		c->len = len;
+		return 0;
+	}
+	return kva_alloc_slow(w, n, ids);
+}
+
+static inline int kva__free_inline(struct kva_worker *w, const uint32_t *ids, uint32_t n)
+{
+	struct kva_worker_cache *c = (struct kva_worker_cache *)w;
+
+	if (__builtin_expect(w && ids && n == 1, 1)) {
+		uint32_t id = ids[0];
+
+		/* ours alone, and room in the cache (the slow path, when the
+		 * cache is full, sends it back to the arena if that is short) */
+		if (__builtin_expect(id < c->blocks && c->held[id] == KVA__HELD_EXCL &&
+				     c->len < c->cap, 1)) {
+			c->held[id] = 0;
+			c->ids[c->len++] = id;
+			return 0;
+		}
+	}
+	return kva_free_slow(w, ids, n);
+}
+
+#ifndef KVA__LIBRARY_BUILD
+static inline int kva_alloc(struct kva_worker *w, uint32_t n, uint32_t *ids)
+{
+	return kva__alloc_inline(w, n, ids);
+}
+
+static inline int kva_free(struct kva_worker *w, const uint32_t *ids, uint32_t n)
+{
+	return kva__free_inline(w, ids, n);
+}
+#endif
 
 /* ------------------------------------------------------------------ misc */
 

@@ -62,15 +62,15 @@ void tu_view_capture(struct kva_worker *w, struct tu_view *v)
 {
 	v->slot = (int32_t)w->slot_id;
 	v->n = 0;
-	for (uint32_t id = 0; id < w->blocks; id++) {
-		uint32_t p = w->priv[id];
+	for (uint32_t id = 0; id < w->c.blocks; id++) {
+		uint32_t p = w->c.held[id];
 
 		if (p)
 			v->e[v->n++] = (struct tu_hold){
-				id, p == KVA__PRIV_EXCL ? TU_EXCL : p & KVA__PRIV_MAXREF };
+				id, p == KVA__HELD_EXCL ? TU_EXCL : p & KVA__HELD_MAXREF };
 	}
-	for (uint32_t k = 0; k < w->cache_len; k++)
-		v->e[v->n++] = (struct tu_hold){ w->cache[k], TU_CACHED };
+	for (uint32_t k = 0; k < w->c.len; k++)
+		v->e[v->n++] = (struct tu_hold){ w->c.ids[k], TU_CACHED };
 }
 
 bool tu_views_match(struct kva_arena *a, struct tu_view *const *views, uint32_t n,
