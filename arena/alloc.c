@@ -61,7 +61,7 @@ static void put_block(struct kva_worker *w, uint32_t id)
 	if (unlikely(w->c.len == w->c.cap || under_pressure(w))) {
 		if (!w->c.cap || under_pressure(w)) {
 			cache_trim(w, 0);
-			kva__pool_release(w, &id, 1);
+			kva__pool_release_one(w, id);
 			return;
 		}
 		/* keep the lower half, the blocks that waited longest go back */
@@ -113,18 +113,28 @@ int kva_alloc_slow(struct kva_worker *w, uint32_t n, uint32_t *ids)
 
 	if (!w || (n && !ids))
 		return -EINVAL;
-	if (!n)
-		return 0;
+	if (n <= w->c.len) /* a cache hit, for callers of the symbol */
+		return n ? kva__alloc_inline(w, n, ids) : 0;
 	if ((ret = kva__worker_check_live(w)) < 0)
 		return ret;
+	if (n == 1 && !w->c.cap) { /* uncached: one claim, nothing to publish */
+		if (!kva__pool_claim_one(w, ids)) {
+			set_pressure(w, true);
+			return kva__err(-ENOSPC, "alloc of 1 block: none free outside worker "
+					"caches");
+		}
+		w->c.held[ids[0]] = KVA__HELD_EXCL;
+		return 0;
+	}
 	if (n > w->c.blocks) {
 		cache_trim(w, 0);
 		return kva__err(-ENOSPC, "alloc of %u blocks: the arena has %zu", n, w->c.blocks);
 	}
 
-	from_cache = w->c.len < n ? (uint32_t)w->c.len : n;
-	w->c.len -= from_cache;
-	memcpy(ids, w->c.ids + w->c.len, from_cache * sizeof(*ids));
+	from_cache = (uint32_t)w->c.len; /* all of it: the hit case is above */
+	w->c.len = 0;
+	if (from_cache)
+		memcpy(ids, w->c.ids, from_cache * sizeof(*ids));
 	need = n - from_cache;
 	got = need ? kva__pool_claim(w, need, ids + from_cache) : 0;
 	if (got < need) {
@@ -205,6 +215,11 @@ int kva_free_slow(struct kva_worker *w, const uint32_t *ids, uint32_t n)
 		if (!held)
 			return kva__err(-EPERM, "free: block %u is not held by worker %u", id,
 					w->slot_id);
+		if (held == KVA__HELD_EXCL && !w->c.cap) { /* uncached: one release */
+			w->c.held[id] = 0;
+			kva__pool_release_one(w, id);
+			return 0;
+		}
 		free_one(w, id, held);
 		kva__cache_publish(w);
 		return 0;

@@ -257,6 +257,8 @@ bool kva__pid_gone(pid_t pid, uint64_t start_time);
 
 /* pool.c: the free-block pool shared by all workers */
 uint32_t kva__pool_claim(struct kva_worker *w, uint32_t want, uint32_t *ids);
+bool kva__pool_claim_one(struct kva_worker *w, uint32_t *id);
+void kva__pool_release_one(struct kva_worker *w, uint32_t id);
 void kva__pool_release(struct kva_worker *w, const uint32_t *ids, uint32_t n);
 void kva__hint_set(struct kva_arena *a, uint32_t word, uint64_t bits);
 

@@ -176,6 +176,43 @@ uint32_t kva__pool_claim(struct kva_worker *w, uint32_t want, uint32_t *ids)
 }
 
 /*
+ * kva__pool_claim_one - claim one block: the first free one at or after the
+ * cursor in the cursor's word, else the walk of kva__pool_claim(). The
+ * common case of an uncached alloc: a load, a CAS, and the cursor moves on
+ * (the claimed block's hint bit is left for the next visitor to clear).
+ */
+bool kva__pool_claim_one(struct kva_worker *w, uint32_t *id_out)
+{
+	struct kva_arena *a = w->arena;
+	uint32_t i = w->cursor / 64;
+	/* acquire: pairs with kva__hint_set()'s fetch_or, as in claim_word() */
+	uint64_t bits = atomic_load_explicit(&a->l0[i], memory_order_acquire) &
+			(~0ull << (w->cursor % 64));
+
+	if (likely(bits)) {
+		uint32_t id = i * 64 + (uint32_t)__builtin_ctzll(bits);
+		uint64_t d;
+
+		if (likely(id < a->blocks)) {
+			d = atomic_load_explicit(&w->desc[id], memory_order_relaxed);
+			/* the claim, as in claim_word() */
+			if (kva__d_kind(d) == KVA__D_FREE &&
+			    atomic_compare_exchange_strong_explicit(
+				    &w->desc[id], &d,
+				    kva__d_make(KVA__D_OWNED, kva__d_epoch(d), w->owner_payload),
+				    memory_order_acquire, memory_order_relaxed)) {
+				KVA__CRASH_POINT(KVA__CP_CLAIM_CAS);
+				w->cursor = id + 1 < a->blocks ? id + 1 : 0;
+				*id_out = id;
+				return true;
+			}
+		}
+	}
+	/* a stale bit or an empty word: the walk cleans up as it goes */
+	return kva__pool_claim(w, 1, id_out) == 1;
+}
+
+/*
  * kva__pool_release - @w gives back blocks it owns and nobody holds: each
  * descriptor becomes FREE (its epoch bumped), then its hint bit is set.
  *
@@ -210,4 +247,19 @@ void kva__pool_release(struct kva_worker *w, const uint32_t *ids, uint32_t n)
 	}
 	if (bits)
 		kva__hint_set(a, word, bits);
+}
+
+/* kva__pool_release_one - kva__pool_release() of one block. */
+void kva__pool_release_one(struct kva_worker *w, uint32_t id)
+{
+	struct kva_arena *a = w->arena;
+	uint64_t d = atomic_load_explicit(&a->desc[id], memory_order_relaxed);
+
+	if (unlikely((d & ~(KVA__D_EPOCH_MASK << KVA__D_EPOCH_SHIFT)) !=
+		     kva__d_make(KVA__D_OWNED, 0, w->owner_payload)))
+		return;
+	/* release: as in kva__pool_release() */
+	atomic_store_explicit(&a->desc[id], kva__d_next_free(d), memory_order_release);
+	KVA__CRASH_POINT(KVA__CP_RELEASE_STORE);
+	kva__hint_set(a, id / 64, 1ull << (id % 64));
 }

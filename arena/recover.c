@@ -84,54 +84,58 @@ static bool drop_dead_holder(struct kva_arena *a, uint32_t id, uint64_t bit, uin
  * sweep - one pass over the descriptors: free the dead slot's blocks, drop its
  * references, and set the hint bit of every free block that lacks it (a
  * worker killed between freeing a descriptor and setting its bit).
+ *
+ * Per word of 64 blocks, three masks are computed without a branch per block
+ * (a random arena would mispredict most of them), then only the set bits
+ * are visited.
  */
 static void sweep(struct kva_arena *a, uint32_t slot, struct kva_reclaim_report *r)
 {
-	uint64_t bit = 1ull << slot;
+	/* kind, flags, the payload bits above a tag, and the slot: a tag of ours
+	 * of any generation */
+	const uint64_t tag_mask = 0xf000ffff000000ffull;
+	const uint64_t tag_ours = kva__d_make(KVA__D_OWNED, 0, slot);
+	const uint64_t holder = 1ull << slot;
 
 	for (uint32_t i = 0; i < a->l0_words; i++) {
-		uint32_t end = (i + 1) * 64 < a->blocks ? (i + 1) * 64 : a->blocks;
-		uint64_t free_mask = 0, freed = 0, missing;
+		uint32_t base = i * 64, n = a->blocks - base < 64 ? a->blocks - base : 64;
+		uint64_t free_m = 0, mine = 0, held = 0, freed = 0, missing;
 
-		for (uint32_t id = i * 64; id < end; id++) {
+		for (uint32_t b = 0; b < n; b++) {
+			uint64_t d = atomic_load_explicit(&a->desc[base + b], memory_order_relaxed);
+
+			free_m |= (uint64_t)(d >> KVA__D_KIND_SHIFT == KVA__D_FREE) << b;
+			mine |= (uint64_t)((d & tag_mask) == tag_ours) << b;
+			held |= (uint64_t)(d >> KVA__D_KIND_SHIFT == KVA__D_SHARED && (d & holder)) << b;
+		}
+		for (; mine; mine &= mine - 1) {
+			uint32_t id = base + (uint32_t)__builtin_ctzll(mine);
 			uint64_t d = atomic_load_explicit(&a->desc[id], memory_order_relaxed);
-			uint64_t m = 1ull << (id % 64);
 
-			switch (kva__d_kind(d)) {
-			case KVA__D_FREE:
-				free_mask |= m;
-				break;
-			case KVA__D_OWNED:
-				if (kva__tag_slot(kva__d_payload(d)) != slot ||
-				    (kva__d_payload(d) >> 32))
-					break;
-				/* release: pairs with the next claimer's acquire CAS */
-				atomic_store_explicit(&a->desc[id], kva__d_next_free(d),
-						      memory_order_release);
-				freed |= m;
-				r->owned_freed++;
-				break;
-			case KVA__D_SHARED:
-				if (!(kva__d_payload(d) & bit))
-					break;
-				r->refs_dropped++;
-				if (drop_dead_holder(a, id, bit, d)) {
-					freed |= m;
-					r->shared_freed++;
-				}
-				break;
-			default:
-				break; /* undecodable: left for kva_arena_check to report */
+			/* Ours alone now: the owner is dead and the slot RECLAIMING.
+			 * release: pairs with the next claimer's acquire CAS. */
+			atomic_store_explicit(&a->desc[id], kva__d_next_free(d), memory_order_release);
+			freed |= mine & -mine;
+			r->owned_freed++;
+		}
+		for (; held; held &= held - 1) {
+			uint32_t id = base + (uint32_t)__builtin_ctzll(held);
+
+			r->refs_dropped++;
+			if (drop_dead_holder(a, id, holder,
+					     atomic_load_explicit(&a->desc[id], memory_order_relaxed))) {
+				freed |= held & -held;
+				r->shared_freed++;
 			}
 		}
 		if (i == a->l0_words / 2)
 			KVA__CRASH_POINT(KVA__CP_RECLAIM_SWEEP);
-		free_mask |= freed;
-		missing = free_mask & ~atomic_load_explicit(&a->l0[i], memory_order_relaxed);
+		free_m |= freed;
+		missing = free_m & ~atomic_load_explicit(&a->l0[i], memory_order_relaxed);
 		r->hints_repaired += (uint32_t)__builtin_popcountll(missing & ~freed);
 		if (missing)
 			kva__hint_set(a, i, missing);
-		else if (free_mask &&
+		else if (free_m &&
 			 !(atomic_load_explicit(&a->l1[i / 64], memory_order_relaxed) &
 			   (1ull << (i % 64))))
 			kva__hint_set(a, i, 0); /* l0 bits without their l1 bit */
