@@ -176,39 +176,65 @@ uint32_t kva__pool_claim(struct kva_worker *w, uint32_t want, uint32_t *ids)
 }
 
 /*
- * kva__pool_claim_one - claim one block: the first free one at or after the
- * cursor in the cursor's word, else the walk of kva__pool_claim(). The
- * common case of an uncached alloc: a load, a CAS, and the cursor moves on
- * (the claimed block's hint bit is left for the next visitor to clear).
+ * next_word - the first l0 word after @i that l1 says may have free blocks,
+ * looking no further than the l1 word after @i's; UINT32_MAX if none there.
+ */
+static inline uint32_t next_word(struct kva_arena *a, uint32_t i)
+{
+	uint32_t j = i / 64;
+	uint64_t sum = (i % 64 == 63) ? 0
+				      : atomic_load_explicit(&a->l1[j], memory_order_acquire) &
+						(~0ull << (i % 64 + 1));
+
+	if (!sum && ++j < a->l1_words)
+		sum = atomic_load_explicit(&a->l1[j], memory_order_acquire);
+	if (!sum)
+		return UINT32_MAX;
+	i = j * 64 + (uint32_t)__builtin_ctzll(sum);
+	return i < a->l0_words ? i : UINT32_MAX;
+}
+
+/*
+ * kva__pool_claim_one - claim one block: the first free one after the
+ * cursor, in the cursor's word or the next few words l1 points to; else the
+ * full walk of kva__pool_claim(), which also clears stale bits. The common
+ * case of an uncached alloc: a load or two and a CAS; the claimed block's
+ * hint bit is left for the next visitor to clear.
  */
 bool kva__pool_claim_one(struct kva_worker *w, uint32_t *id_out)
 {
 	struct kva_arena *a = w->arena;
 	uint32_t i = w->cursor / 64;
-	/* acquire: pairs with kva__hint_set()'s fetch_or, as in claim_word() */
-	uint64_t bits = atomic_load_explicit(&a->l0[i], memory_order_acquire) &
-			(~0ull << (w->cursor % 64));
+	uint64_t mask = ~0ull << (w->cursor % 64);
 
-	if (likely(bits)) {
-		uint32_t id = i * 64 + (uint32_t)__builtin_ctzll(bits);
-		uint64_t d;
+	for (int words = 0; words < 4 && i != UINT32_MAX; words++, mask = ~0ull) {
+		/* acquire: pairs with kva__hint_set()'s fetch_or, as in claim_word() */
+		uint64_t word = atomic_load_explicit(&a->l0[i], memory_order_acquire);
+		uint64_t bits = word & mask;
 
-		if (likely(id < a->blocks)) {
+		if (!word)
+			summary_clear(a, i); /* l1 pointed at an empty word */
+		if (bits) {
+			uint32_t id = i * 64 + (uint32_t)__builtin_ctzll(bits);
+			uint64_t d;
+
+			if (unlikely(id >= a->blocks))
+				break;
 			d = atomic_load_explicit(&w->desc[id], memory_order_relaxed);
 			/* the claim, as in claim_word() */
-			if (kva__d_kind(d) == KVA__D_FREE &&
-			    atomic_compare_exchange_strong_explicit(
+			if (kva__d_kind(d) != KVA__D_FREE ||
+			    !atomic_compare_exchange_strong_explicit(
 				    &w->desc[id], &d,
 				    kva__d_make(KVA__D_OWNED, kva__d_epoch(d), w->owner_payload),
-				    memory_order_acquire, memory_order_relaxed)) {
-				KVA__CRASH_POINT(KVA__CP_CLAIM_CAS);
-				w->cursor = id + 1 < a->blocks ? id + 1 : 0;
-				*id_out = id;
-				return true;
-			}
+				    memory_order_acquire, memory_order_relaxed))
+				break; /* a stale bit: the walk clears it */
+			KVA__CRASH_POINT(KVA__CP_CLAIM_CAS);
+			w->cursor = id + 1 < a->blocks ? id + 1 : 0;
+			*id_out = id;
+			return true;
 		}
+		i = next_word(a, i);
 	}
-	/* a stale bit or an empty word: the walk cleans up as it goes */
 	return kva__pool_claim(w, 1, id_out) == 1;
 }
 
