@@ -1,0 +1,84 @@
+#!/usr/bin/env bash
+# scripts/test.sh - on a fresh Debian 12 machine: install what is missing,
+# build a release tree, an ASan+UBSan tree and a TSan tree, run every test in
+# them, and end with each runner's summary. Exit 0 only if everything passed.
+#
+# Trees: build/release (-Dwerror=true), build/asan (address,undefined; UBSan
+# fatal), build/tsan (clang, thread; the tests that run threads in one
+# process). Re-running is cheap: trees are reused, packages not re-installed.
+set -uo pipefail
+cd "$(dirname "$0")/.."
+
+packages=(
+	build-essential meson ninja-build pkg-config python3
+	clang libclang-rt-14-dev
+	libxxhash-dev libnuma-dev liburing-dev libcmocka-dev
+	libdpdk-dev
+)
+
+missing=()
+for p in "${packages[@]}"; do
+	dpkg-query -W -f='${Status}' "$p" 2>/dev/null | grep -q "install ok installed" ||
+		missing+=("$p")
+done
+if ((${#missing[@]})); then
+	if [[ $(id -u) -ne 0 ]]; then
+		echo "test.sh: missing packages; as root run:" >&2
+		echo "  apt-get update && apt-get install -y --no-install-recommends ${missing[*]}" >&2
+		exit 1
+	fi
+	echo "== installing: ${missing[*]}"
+	export DEBIAN_FRONTEND=noninteractive
+	apt-get update -qq && apt-get install -y -qq --no-install-recommends "${missing[@]}" ||
+		{ echo "test.sh: apt-get failed" >&2; exit 1; }
+fi
+
+# setup DIR [meson options...]: configure once, reconfigure when options change
+setup() {
+	local dir=$1
+	shift
+	if [[ -f $dir/build.ninja ]]; then
+		meson setup --reconfigure "$dir" "$@" >/dev/null
+	else
+		meson setup "$dir" "$@" >/dev/null
+	fi
+}
+
+export UBSAN_OPTIONS=halt_on_error=1:print_stacktrace=1
+export ASAN_OPTIONS=detect_leaks=1:abort_on_error=0
+export TSAN_OPTIONS=halt_on_error=1:second_deadlock_stack=1
+
+failed=()
+run() { # name dir [meson test args...]
+	local name=$1 dir=$2
+	shift 2
+	echo
+	echo "== $name: building"
+	if ! ninja -C "$dir" >"$dir/ninja.log" 2>&1; then
+		tail -n 40 "$dir/ninja.log"
+		failed+=("$name (build)")
+		return
+	fi
+	echo "== $name: testing"
+	if ! meson test -C "$dir" --print-errorlogs --num-processes 2 "$@"; then
+		failed+=("$name")
+	fi
+}
+
+setup build/release --buildtype=release -Dwerror=true -Dtests=enabled
+run release build/release
+
+setup build/asan --buildtype=debugoptimized -Dwerror=true -Dtests=enabled \
+	-Db_sanitize=address,undefined -Db_lundef=false -Ddpdk=disabled
+run asan+ubsan build/asan
+
+CC=clang setup build/tsan --buildtype=debugoptimized -Dwerror=true -Dtests=enabled \
+	-Db_sanitize=thread -Db_lundef=false -Ddpdk=disabled
+run tsan build/tsan --suite tsan
+
+echo
+if ((${#failed[@]})); then
+	echo "test.sh: FAILED: ${failed[*]}"
+	exit 1
+fi
+echo "test.sh: all test runs passed (release, asan+ubsan, tsan)"
