@@ -64,7 +64,7 @@ static void put_block(struct kva_worker *w, uint32_t id)
 			kva__pool_release_one(w, id);
 			return;
 		}
-		/* keep the lower half, the blocks that waited longest go back */
+		/* keep half: the next frees need room, the next allocs blocks */
 		cache_trim(w, w->c.cap / 2);
 	}
 	w->c.ids[w->c.len++] = id;
@@ -92,8 +92,10 @@ static void refill(struct kva_worker *w)
 
 	if (!w->c.cap || w->c.len >= w->c.cap / 2)
 		return;
-	if (under_pressure(w) && w->probe--)
+	if (under_pressure(w) && w->probe) {
+		w->probe--;
 		return;
+	}
 	want = (uint32_t)(w->c.cap / 2 - w->c.len);
 	more = kva__pool_claim(w, want, w->c.ids + w->c.len);
 	w->c.len += more;
@@ -205,6 +207,10 @@ int kva_free_slow(struct kva_worker *w, const uint32_t *ids, uint32_t n)
 
 	if (!w || (n && !ids))
 		return -EINVAL;
+	/* A reclaimed worker must not touch holder bits: its slot's next
+	 * worker may hold the same blocks under the same bit. */
+	if ((ret = kva__worker_check_live(w)) < 0)
+		return ret;
 	if (n == 1) {
 		uint32_t id = ids[0], held;
 

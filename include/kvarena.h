@@ -221,7 +221,7 @@ int kva_alloc(struct kva_worker *w, uint32_t n, uint32_t *ids);
  * All or nothing: every id is checked before anything changes; an id may
  * repeat as long as the worker holds that many references.
  * Return: 0, -EINVAL (id out of range, or NULL), -EPERM (not held: a double
- * free, a block of another worker, or a free block).
+ * free, a block of another worker, or a free block), -ESTALE (slot reclaimed).
  */
 #ifndef KVA__LIBRARY_BUILD
 static inline

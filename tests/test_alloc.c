@@ -8,6 +8,7 @@
 #include <setjmp.h>
 #include <stdarg.h>
 #include <stddef.h>
+#include <stdio.h>
 #include <stdlib.h>
 #include <string.h>
 #include <sys/wait.h>
@@ -543,6 +544,44 @@ static void test_stats_and_map_show_owners(void **state)
 	assert_int_equal(kva_free(f->v, &shared, 1), 0);
 }
 
+static void test_every_slot_can_hold_one_shared_block(void **state)
+{
+	struct kva_arena *a = tu_arena(256, 0, KVA_MAX_WORKERS);
+	struct kva_worker *w[KVA_MAX_WORKERS];
+	struct kva_stats st;
+	uint32_t id;
+	char map[257];
+	FILE *f;
+	char *text = NULL;
+	size_t len = 0;
+
+	(void)state;
+	assert_non_null(a);
+	for (unsigned k = 0; k < KVA_MAX_WORKERS; k++)
+		assert_int_equal(kva_worker_join(a, "many", &w[k]), 0);
+	assert_int_equal(kva_worker_slot(w[KVA_MAX_WORKERS - 1]), KVA_MAX_WORKERS - 1);
+	assert_int_equal(kva_alloc(w[0], 1, &id), 0);
+	assert_int_equal(kva_share(w[0], &id, 1), 0);
+	for (unsigned k = 1; k < KVA_MAX_WORKERS; k++)
+		assert_int_equal(kva_share(w[k], &id, 1), 0);
+	assert_int_equal(kva_arena_stats(a, &st), 0);
+	assert_int_equal(st.shared_refs, KVA_MAX_WORKERS);
+	assert_int_equal(kva_arena_map(a, map, sizeof(map), 256), 256);
+	assert_int_equal(map[id], '#');
+	f = open_memstream(&text, &len);
+	assert_int_equal(kva_arena_map_print(a, f, 32, 0), 0);
+	fclose(f);
+	assert_non_null(strstr(text, "legend"));
+	assert_non_null(strstr(text, "L many")); /* slot 47's character */
+	free(text);
+	for (unsigned k = 0; k < KVA_MAX_WORKERS; k++)
+		kva_worker_leave(w[k]); /* w[0] holds two references: both go */
+	assert_int_equal(kva_arena_stats(a, &st), 0);
+	assert_int_equal(st.free_blocks, 256);
+	assert_int_equal(kva_arena_check(a, NULL), 0);
+	kva_arena_close(a);
+}
+
 #define T(fn) cmocka_unit_test_setup_teardown(fn, setup_cached, teardown), \
 	      cmocka_unit_test_setup_teardown(fn, setup_uncached, teardown)
 
@@ -571,6 +610,7 @@ int main(void)
 		T(test_block_data_is_the_same_memory_in_another_mapping),
 		T(test_set_cache_moves_blocks_back),
 		T(test_stats_and_map_show_owners),
+		cmocka_unit_test(test_every_slot_can_hold_one_shared_block),
 	};
 
 	return cmocka_run_group_tests_name("arena_alloc", tests, NULL, NULL);
