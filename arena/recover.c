@@ -121,7 +121,7 @@ static void sweep(struct kva_arena *a, uint32_t slot, struct kva_reclaim_report 
 		for (; held; held &= held - 1) {
 			uint32_t id = base + (uint32_t)__builtin_ctzll(held);
 
-			r->refs_dropped++;
+			r->shared_dropped++;
 			if (drop_dead_holder(a, id, holder,
 					     atomic_load_explicit(&a->desc[id], memory_order_relaxed))) {
 				freed |= held & -held;

@@ -275,7 +275,7 @@ struct kva_slot_stats {
 	int32_t pid;
 	char name[32];
 	uint32_t owned;        /* blocks held exclusively (cache included) */
-	uint32_t shared;       /* shared blocks this slot holds */
+	uint32_t shared;       /* shared blocks this slot holds (however many references) */
 	uint32_t cached;       /* blocks in its private cache, as of its last call
 				* that reached the arena (a cache hit publishes nothing) */
 	uint64_t refills;      /* batches taken from the arena into its cache */
@@ -317,7 +317,7 @@ char kva_slot_char(uint32_t slot);   /* '0'-'9', 'a'-'z', 'A'-'L' */
 /*
  * kva_arena_map_print - the map wrapped at @width characters (0 = 64), at
  * most @rows rows (0 = one character per block), then a legend naming the
- * live slots. Return: 0 or -EINVAL / -EIO.
+ * live slots. Return: 0, -EINVAL, -ENOMEM or -EIO.
  */
 int kva_arena_map_print(struct kva_arena *a, FILE *f, uint32_t width, uint32_t rows);
 
@@ -328,7 +328,7 @@ struct kva_reclaim_report {
 	int32_t pid;             /* the process that held the slot */
 	char name[32];
 	uint32_t owned_freed;    /* exclusive blocks returned (its cache included) */
-	uint32_t refs_dropped;   /* shared blocks it held */
+	uint32_t shared_dropped; /* shared blocks it held (however many references) */
 	uint32_t shared_freed;   /* of those, blocks it was the last holder of */
 	uint32_t hints_repaired; /* free blocks made findable again */
 	uint64_t elapsed_ns;
@@ -351,7 +351,8 @@ struct kva_check_report {
 	uint32_t stale_owners;    /* owned by a slot that is free or of another generation */
 	uint32_t dead_holders;    /* shared holder bits of slots that are not joined */
 	uint32_t hints_missing;   /* free blocks the allocator cannot find */
-	uint32_t dead_slots;      /* joined slots whose process is gone (not yet reclaimed) */
+	uint32_t dead_slots;      /* joined slots whose process is gone, not yet reclaimed:
+				   * information, not a breach (reclaim is the fix) */
 	int64_t first_bad_block;  /* -1 if none */
 };
 

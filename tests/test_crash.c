@@ -167,7 +167,7 @@ static void test_sigkill_at_random_moments_loses_nothing(void **state)
 				fail_msg("reclaim of slot %d by a survivor: %d", slot,
 					 atomic_load(&sh->cells[rescuer].reclaim_rc));
 			owned += sh->cells[rescuer].report.owned_freed;
-			refs += sh->cells[rescuer].report.refs_dropped;
+			refs += sh->cells[rescuer].report.shared_dropped;
 			last += sh->cells[rescuer].report.shared_freed;
 			repaired += sh->cells[rescuer].report.hints_repaired;
 			assert_int_equal(sh->cells[rescuer].report.pid, pids[victim]);

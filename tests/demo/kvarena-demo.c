@@ -103,7 +103,7 @@ static void usage(FILE *f)
 		"usage: kvarena-demo [--blocks N] [--workers N] [--seconds S] [--kill-at S]\n"
 		"                    [--seed N]\n"
 		"\n"
-		"  --blocks N    arena size in 32 KiB blocks (default 4096, at least 512)\n"
+		"  --blocks N    arena size in 32 KiB blocks (default 2048, at least 512)\n"
 		"  --workers N   engine processes (default 4, 4..%u)\n"
 		"  --seconds S   length of the run (default 6)\n"
 		"  --kill-at S   when to SIGKILL one engine (default half of --seconds)\n"
@@ -127,7 +127,7 @@ static int parse_options(int argc, char **argv, struct options *o)
 	char *end;
 	int c;
 
-	*o = (struct options){ .blocks = 4096, .workers = 4, .seconds = 6, .seed = 1 };
+	*o = (struct options){ .blocks = 2048, .workers = 4, .seconds = 6, .seed = 1 };
 	while ((c = getopt_long(argc, argv, "h", longopts, NULL)) != -1) {
 		unsigned long long v;
 		double d;
@@ -394,10 +394,10 @@ static void print_reclaim_line(const struct demo *d)
 		return;
 	}
 	printf("  reclaim: engine-%u (pid %d, slot %u) killed at %.1fs: %u owned blocks returned, "
-	       "%u references dropped (%u blocks freed with them), %u free-block hints repaired, "
+	       "its hold on %u shared blocks dropped (%u of them freed), %u free-block hints repaired, "
 	       "%.3f ms%s\n",
 	       k->engine, (int)k->report.pid, k->report.slot, k->at, k->report.owned_freed,
-	       k->report.refs_dropped, k->report.shared_freed, k->report.hints_repaired,
+	       k->report.shared_dropped, k->report.shared_freed, k->report.hints_repaired,
 	       (double)k->report.elapsed_ns / 1e6,
 	       k->all_returned ? "" : "  -- NOT everything it held came back");
 }
@@ -467,7 +467,7 @@ static bool kill_one(struct demo *d, double el)
 	 * (The other engines are running: of the check, only what cannot be
 	 * transient is looked at.) */
 	k->all_returned = k->reclaim_ret == 0 && k->report.owned_freed == k->held_owned &&
-			  k->report.refs_dropped == k->held_shared &&
+			  k->report.shared_dropped == k->held_shared &&
 			  st.slots[slot].state == KVA_SLOT_FREE && st.slots[slot].owned == 0 &&
 			  st.slots[slot].shared == 0 && cr.stale_owners == 0 &&
 			  cr.dead_holders == 0 && cr.bad_descriptors == 0;
@@ -488,7 +488,7 @@ static void reclaim_dead(struct demo *d, struct engine_proc *p)
 	if (ret == 0)
 		fprintf(stderr, "kvarena-demo: reclaim of pid %d: %u owned blocks returned, %u "
 			"references dropped, %.3f ms\n", (int)p->pid, r.owned_freed,
-			r.refs_dropped, (double)r.elapsed_ns / 1e6);
+			r.shared_dropped, (double)r.elapsed_ns / 1e6);
 	else if (ret != -ENOENT) /* ENOENT: it had left its slot before it ended */
 		fprintf(stderr, "kvarena-demo: reclaim of slot %d: %s (%s)\n", p->slot,
 			strerror(-ret), kva_errmsg());
