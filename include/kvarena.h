@@ -408,17 +408,27 @@ static inline int kva__free_inline(struct kva_worker *w, const uint32_t *ids, ui
 {
 	struct kva_worker_cache *c = (struct kva_worker_cache *)w;
 
-	if (__builtin_expect(w && ids && n == 1, 1)) {
-		uint32_t id = ids[0];
+	/* 1 <= n <= room left in the cache (the slow path, when the cache is
+	 * full, sends blocks back to the arena, all of them if it is short) */
+	if (__builtin_expect(w && ids && n - 1u < c->cap - c->len, 1)) {
+		uint32_t k;
 
-		/* ours alone, and room in the cache (the slow path, when the
-		 * cache is full, sends it back to the arena if that is short) */
-		if (__builtin_expect(id < c->blocks && c->held[id] == KVA__HELD_EXCL &&
-				     c->len < c->cap, 1)) {
+		/* all ours alone? clearing as we go also catches an id twice */
+		for (k = 0; k < n; k++) {
+			uint32_t id = ids[k];
+
+			if (__builtin_expect(id >= c->blocks || c->held[id] != KVA__HELD_EXCL, 0))
+				break;
 			c->held[id] = 0;
-			c->ids[c->len++] = id;
+		}
+		if (__builtin_expect(k == n, 1)) {
+			for (k = 0; k < n; k++)
+				c->ids[c->len + k] = ids[k];
+			c->len += n;
 			return 0;
 		}
+		while (k--) /* not all: undo, and let the slow path say why */
+			c->held[ids[k]] = KVA__HELD_EXCL;
 	}
 	return kva_free_slow(w, ids, n);
 }
