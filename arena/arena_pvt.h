@@ -12,6 +12,10 @@
  *   l0_off      free hints    one bit per block: "this block may be free"
  *   l1_off      summary       one bit per l0 word: "that word may have bits"
  *
+ * l0 and l1 are written by every worker (a claim clears, a free sets) and by
+ * reclaimers, and read by claimers; a writer that dies half-way leaves at
+ * worst a free block whose bit is clear, which reclaim sets again (pool.c).
+ *
  * That is 8 + 1/8 + 1/4096 bytes of allocator state per block.
  */
 #ifndef KVA_ARENA_PVT_H

@@ -11,26 +11,9 @@
 set -uo pipefail
 cd "$(dirname "$0")/.." || exit 1
 
-packages=(build-essential meson ninja-build pkg-config libxxhash-dev libnuma-dev)
-
-missing=()
-for p in "${packages[@]}"; do
-	dpkg-query -W -f='${Status}' "$p" 2>/dev/null | grep -q "install ok installed" ||
-		missing+=("$p")
-done
-if ((${#missing[@]})); then
-	if [[ $(id -u) -ne 0 ]]; then
-		echo "demo.sh: missing packages; as root run:" >&2
-		echo "  apt-get update && apt-get install -y ${missing[*]}" >&2
-		exit 1
-	fi
-	echo "== installing: ${missing[*]}"
-	export DEBIAN_FRONTEND=noninteractive
-	if ! apt-get update -qq || ! apt-get install -y -qq "${missing[@]}"; then
-		echo "demo.sh: apt-get failed" >&2
-		exit 1
-	fi
-fi
+. scripts/packages.sh
+ensure_packages demo.sh build-essential meson ninja-build pkg-config libxxhash-dev libnuma-dev ||
+	exit 1
 
 dir=build/demo
 mkdir -p "$dir"

@@ -9,29 +9,13 @@
 set -uo pipefail
 cd "$(dirname "$0")/.."
 
-packages=(
-	build-essential meson ninja-build pkg-config python3
-	clang libclang-rt-14-dev
-	libxxhash-dev libnuma-dev liburing-dev libcmocka-dev
-	libdpdk-dev
-)
-
-missing=()
-for p in "${packages[@]}"; do
-	dpkg-query -W -f='${Status}' "$p" 2>/dev/null | grep -q "install ok installed" ||
-		missing+=("$p")
-done
-if ((${#missing[@]})); then
-	if [[ $(id -u) -ne 0 ]]; then
-		echo "test.sh: missing packages; as root run:" >&2
-		echo "  apt-get update && apt-get install -y --no-install-recommends ${missing[*]}" >&2
-		exit 1
-	fi
-	echo "== installing: ${missing[*]}"
-	export DEBIAN_FRONTEND=noninteractive
-	apt-get update -qq && apt-get install -y -qq --no-install-recommends "${missing[@]}" ||
-		{ echo "test.sh: apt-get failed" >&2; exit 1; }
-fi
+. scripts/packages.sh
+ensure_packages test.sh \
+	build-essential meson ninja-build pkg-config python3 \
+	clang libclang-rt-14-dev \
+	libxxhash-dev libnuma-dev liburing-dev libcmocka-dev \
+	libdpdk-dev ||
+	exit 1
 
 # setup DIR [meson options...]: configure once, reconfigure when options change
 setup() {

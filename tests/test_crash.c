@@ -81,17 +81,6 @@ static void worker(struct kva_arena *a, struct shared *sh, struct cell *c, struc
 	_exit(0);
 }
 
-static int slot_of(struct kva_arena *a, pid_t pid)
-{
-	struct kva_stats st;
-
-	kva_arena_stats(a, &st);
-	for (uint32_t s = 0; s < st.max_workers; s++)
-		if (st.slots[s].state != KVA_SLOT_FREE && st.slots[s].pid == pid)
-			return (int)s;
-	return -1;
-}
-
 static void sleep_us(long us)
 {
 	struct timespec ts = { 0, us * 1000 };
@@ -149,7 +138,7 @@ static void test_sigkill_at_random_moments_loses_nothing(void **state)
 		assert_true(WIFSIGNALED(status) && WTERMSIG(status) == SIGKILL);
 		kills++;
 
-		slot = slot_of(a, pids[victim]);
+		slot = tu_slot_of(a, pids[victim]);
 		if (slot < 0) {
 			before_join++; /* killed before it took a slot: nothing to take back */
 		} else {
@@ -171,7 +160,7 @@ static void test_sigkill_at_random_moments_loses_nothing(void **state)
 			last += sh->cells[rescuer].report.shared_freed;
 			repaired += sh->cells[rescuer].report.hints_repaired;
 			assert_int_equal(sh->cells[rescuer].report.pid, pids[victim]);
-			assert_int_equal(slot_of(a, pids[victim]), -1);
+			assert_int_equal(tu_slot_of(a, pids[victim]), -1);
 		}
 		/* Invariants that hold even while the others run, once nobody
 		 * is half-way through joining (a join after the check read the

@@ -35,17 +35,6 @@ static const char *const point_name[KVA__CP_COUNT] = {
 	[KVA__CP_LEAVE_RELEASE] = "leave-release", [KVA__CP_RECLAIM_SWEEP] = "reclaim-sweep",
 };
 
-static int slot_of(struct kva_arena *a, pid_t pid)
-{
-	struct kva_stats st;
-
-	kva_arena_stats(a, &st);
-	for (uint32_t s = 0; s < st.max_workers; s++)
-		if (st.slots[s].state != KVA_SLOT_FREE && st.slots[s].pid == pid)
-			return (int)s;
-	return -1;
-}
-
 /* A worker that dies without leaving, holding blocks and references. */
 static int dead_worker(struct kva_arena *a, struct tu_board *board)
 {
@@ -65,7 +54,7 @@ static int dead_worker(struct kva_arena *a, struct tu_board *board)
 	}
 	assert_int_equal(waitpid(pid, &status, 0), pid);
 	assert_true(WIFEXITED(status) && WEXITSTATUS(status) == 0);
-	return slot_of(a, pid);
+	return tu_slot_of(a, pid);
 }
 
 #define HELD 16 /* blocks the survivor keeps shared throughout */
@@ -140,7 +129,7 @@ static void crash_at(enum kva__crash_point p, uint32_t nth)
 		fail_msg("%s #%u: the crasher was not killed there (status %#x)", point_name[p], nth,
 			 status);
 
-	slot = slot_of(a, pid);
+	slot = tu_slot_of(a, pid);
 	if (p == KVA__CP_RECLAIM_SWEEP) {
 		/* the victim's slot is stuck RECLAIMING by a dead reclaimer: take over */
 		assert_int_equal(kva_arena_stats(a, &st), 0);

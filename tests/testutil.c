@@ -141,6 +141,17 @@ bool tu_views_match(struct kva_arena *a, struct tu_view *const *views, uint32_t 
 	return !m->leaked && !m->double_owned && !m->refcount && !m->lost;
 }
 
+int tu_slot_of(struct kva_arena *a, pid_t pid)
+{
+	struct kva_stats st;
+
+	kva_arena_stats(a, &st);
+	for (uint32_t s = 0; s < st.max_workers; s++)
+		if (st.slots[s].state != KVA_SLOT_FREE && st.slots[s].pid == pid)
+			return (int)s;
+	return -1;
+}
+
 uint64_t tu_rand(uint64_t *s)
 {
 	/* splitmix64 */

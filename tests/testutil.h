@@ -85,4 +85,7 @@ void tu_work_fini(struct tu_work *t);
 
 uint64_t tu_rand(uint64_t *s);
 
+/* The slot that process @pid joined (or is joining), or -1. */
+int tu_slot_of(struct kva_arena *a, pid_t pid);
+
 #endif
