@@ -81,6 +81,20 @@ int kva__worker_check_live(struct kva_worker *w)
 	return 0;
 }
 
+/* taking: a new block or reference; refused while the agent is stopping */
+static int check_taking(struct kva_worker *w)
+{
+	int ret = kva__worker_check_live(w);
+
+	if (ret < 0)
+		return ret;
+	if (unlikely(atomic_load_explicit(&w->arena->pool->agent_state, memory_order_relaxed) ==
+		     KVA_AGENT_STOPPING))
+		return kva__err(-ESHUTDOWN, "the agent is shutting down: free what you hold "
+				"and detach");
+	return 0;
+}
+
 /*
  * refill - top the cache up to half its capacity, unless the arena is short
  * of blocks: then cache nothing (and try again only every cap-th slow call,
@@ -117,7 +131,7 @@ int kva_alloc_slow(struct kva_worker *w, uint32_t n, uint32_t *ids)
 		return -EINVAL;
 	if (n <= w->c.len) /* a cache hit, for callers of the symbol */
 		return n ? kva__alloc_inline(w, n, ids) : 0;
-	if ((ret = kva__worker_check_live(w)) < 0)
+	if ((ret = check_taking(w)) < 0)
 		return ret;
 	if (n == 1 && !w->c.cap) { /* uncached: one claim, nothing to publish */
 		if (!kva__pool_claim_one(w, ids)) {
@@ -351,7 +365,7 @@ int kva_share(struct kva_worker *w, const uint32_t *ids, uint32_t n)
 		return -EINVAL;
 	if (!n)
 		return 0;
-	if ((ret = kva__worker_check_live(w)) < 0)
+	if ((ret = check_taking(w)) < 0)
 		return ret;
 	for (k = 0; k < n; k++) {
 		uint32_t id = ids[k], p;

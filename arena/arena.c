@@ -132,12 +132,12 @@ int kva_arena_create(const struct kva_geometry *g, const struct kva_arena_opts *
 	h.flags = huge ? KVA__HDR_HUGETLB : 0;
 	h.checksum = kva__header_checksum(&h);
 
-	if ((ret = kva__region_map(meta_fd, meta_size, &meta)) < 0) {
+	if ((ret = kva__region_map(meta_fd, meta_size, false, &meta)) < 0) {
 		kva__err(ret, "mapping the metadata region: %s", strerror(-ret));
 		goto fail;
 	}
 	if (o->numa_node >= 0) {
-		if ((ret = kva__region_map(data_fd, data_size, &data)) < 0) {
+		if ((ret = kva__region_map(data_fd, data_size, false, &data)) < 0) {
 			kva__err(ret, "mapping the data region: %s", strerror(-ret));
 			goto fail;
 		}
@@ -170,14 +170,19 @@ fail:
 
 int kva_arena_open(int meta_fd, int data_fd, struct kva_arena **out)
 {
+	return kva_arena_open_flags(meta_fd, data_fd, 0, out);
+}
+
+int kva_arena_open_flags(int meta_fd, int data_fd, unsigned flags, struct kva_arena **out)
+{
 	struct kva_arena *a;
 	uint64_t meta_size, data_size;
 	void *p;
 	ssize_t n;
 	int ret;
 
-	if (!out)
-		return kva__err(-EINVAL, "kva_arena_open: NULL argument");
+	if (!out || (flags & ~KVA_OPEN_READONLY))
+		return kva__err(-EINVAL, "kva_arena_open: bad argument");
 	kva__err_clear();
 	if (meta_fd < 0 || data_fd < 0)
 		return kva__err(-EBADF, "kva_arena_open: negative fd");
@@ -194,6 +199,7 @@ int kva_arena_open(int meta_fd, int data_fd, struct kva_arena **out)
 	if (!a)
 		return -ENOMEM;
 	a->meta_fd = a->data_fd = -1;
+	a->readonly = flags & KVA_OPEN_READONLY;
 	/* a private copy, read once: what is validated is what is used */
 	n = pread(meta_fd, &a->hdr, sizeof(a->hdr), 0);
 	if (n != (ssize_t)sizeof(a->hdr)) {
@@ -210,12 +216,12 @@ int kva_arena_open(int meta_fd, int data_fd, struct kva_arena **out)
 		ret = kva__err(-errno, "duplicating the region fds: %s", strerror(errno));
 		goto fail;
 	}
-	if ((ret = kva__region_map(a->meta_fd, meta_size, &p)) < 0) {
+	if ((ret = kva__region_map(a->meta_fd, meta_size, a->readonly, &p)) < 0) {
 		kva__err(ret, "mapping the metadata region: %s", strerror(-ret));
 		goto fail;
 	}
 	a->meta = p;
-	if ((ret = kva__region_map(a->data_fd, data_size, &p)) < 0) {
+	if ((ret = kva__region_map(a->data_fd, data_size, a->readonly, &p)) < 0) {
 		kva__err(ret, "mapping the data region: %s", strerror(-ret));
 		goto fail;
 	}
@@ -281,4 +287,29 @@ int kva_arena_meta_fd(const struct kva_arena *a)
 int kva_arena_data_fd(const struct kva_arena *a)
 {
 	return a ? a->data_fd : -EINVAL;
+}
+
+int kva_arena_set_agent(struct kva_arena *a, enum kva_agent_state state)
+{
+	if (!a || (unsigned)state > KVA_AGENT_STOPPING)
+		return -EINVAL;
+	if (a->readonly)
+		return -EROFS;
+	/* single writer, nothing else to publish with it: relaxed */
+	atomic_store_explicit(&a->pool->agent_pid, getpid(), memory_order_relaxed);
+	atomic_store_explicit(&a->pool->agent_state, state, memory_order_relaxed);
+	return 0;
+}
+
+enum kva_agent_state kva_arena_agent(const struct kva_arena *a, int32_t *pid)
+{
+	uint32_t state;
+
+	if (!a)
+		return KVA_AGENT_NONE;
+	state = atomic_load_explicit(&a->pool->agent_state, memory_order_relaxed);
+	if (pid)
+		*pid = atomic_load_explicit(&a->pool->agent_pid, memory_order_relaxed);
+	/* never trust a word from shared memory to be in range */
+	return state <= KVA_AGENT_STOPPING ? (enum kva_agent_state)state : KVA_AGENT_NONE;
 }

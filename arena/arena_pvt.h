@@ -76,6 +76,14 @@ struct kva__header {
  */
 struct kva__pool {
 	alignas(128) _Atomic uint32_t pressure;
+	/*
+	 * The agent that owns the arena, if any: written by it alone (relaxed
+	 * stores; it has nothing else to publish), read by workers on their
+	 * slow paths. STOPPING makes new allocations and references fail with
+	 * -ESHUTDOWN. If the agent dies the word stays as it was.
+	 */
+	_Atomic uint32_t agent_state;
+	_Atomic int32_t agent_pid;
 };
 
 /*
@@ -177,6 +185,7 @@ struct kva_arena {
 	uint8_t *meta;
 	uint8_t *data;
 	size_t data_map_bytes;
+	bool readonly;               /* an observer's mapping: PROT_READ only */
 	struct kva__pool *pool;
 	struct kva__slot *slots;
 	_Atomic uint64_t *desc;
@@ -209,6 +218,10 @@ struct kva_worker {
 	uint32_t cursor;           /* the block after our last claim */
 	uint32_t probe;            /* slow allocs until we try a refill under pressure */
 	uint64_t shares, refills, flushes;
+	/* set by kva_attach: what leaving must also undo (the agent connection,
+	 * the mapping); the arena itself knows nothing of the agent */
+	void (*on_leave)(struct kva_worker *w, void *ctx);
+	void *on_leave_ctx;
 };
 
 /*
@@ -254,7 +267,7 @@ int kva__region_create(const char *name, uint64_t bytes, bool hugetlb, int *fd_o
 int kva__region_seal(int fd);
 int kva__region_seals_ok(int fd);
 int kva__region_size(int fd, uint64_t *bytes);
-int kva__region_map(int fd, uint64_t bytes, void **addr);
+int kva__region_map(int fd, uint64_t bytes, bool readonly, void **addr);
 int kva__region_bind_node(void *addr, uint64_t bytes, int node);
 int kva__pid_start_time(pid_t pid, uint64_t *start_time, char *state);
 bool kva__pid_gone(pid_t pid, uint64_t start_time);

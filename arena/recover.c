@@ -58,6 +58,11 @@ static int take_slot(struct kva_arena *a, uint32_t slot, uint64_t *word)
 		if (atomic_compare_exchange_strong_explicit(&s->state, &cur, next,
 							    memory_order_acq_rel,
 							    memory_order_relaxed)) {
+			/* The state word named the holder from its first instant;
+			 * owner_pid may be older if it died right after claiming.
+			 * Keep the holder's pid there for the report and ops tools. */
+			if (kva__slot_kind(cur) != KVA_SLOT_RECLAIMING)
+				atomic_store_explicit(&s->owner_pid, pid, memory_order_relaxed);
 			*word = next;
 			return 0;
 		}
@@ -155,6 +160,8 @@ int kva_arena_reclaim(struct kva_arena *a, uint32_t slot, struct kva_reclaim_rep
 	if (!a || slot >= a->max_workers)
 		return kva__err(-EINVAL, "reclaim: no slot %u", slot);
 	kva__err_clear();
+	if (a->readonly)
+		return kva__err(-EROFS, "reclaim: this mapping of the arena is read-only");
 	s = &a->slots[slot];
 	r->slot = slot;
 	if ((ret = take_slot(a, slot, &word)) < 0)

@@ -102,10 +102,11 @@ int kva__region_size(int fd, uint64_t *bytes)
 	return 0;
 }
 
-/* kva__region_map - map @bytes of @fd shared, read and write, anywhere. */
-int kva__region_map(int fd, uint64_t bytes, void **addr)
+/* kva__region_map - map @bytes of @fd shared, anywhere; read-only if asked. */
+int kva__region_map(int fd, uint64_t bytes, bool readonly, void **addr)
 {
-	void *p = mmap(NULL, bytes, PROT_READ | PROT_WRITE, MAP_SHARED, fd, 0);
+	void *p = mmap(NULL, bytes, readonly ? PROT_READ : PROT_READ | PROT_WRITE, MAP_SHARED, fd,
+		       0);
 
 	if (p == MAP_FAILED)
 		return -errno;

@@ -34,70 +34,87 @@ void kva__slot_name(struct kva__slot *s, char out[32])
 	out[31] = '\0';
 }
 
-int kva_worker_join(struct kva_arena *a, const char *name, struct kva_worker **out)
+/*
+ * slot_claim - FREE -> JOINING for @pid, one CAS, on the first free slot:
+ * from then on a process killed at any instruction leaves a slot that names
+ * it, which a reclaimer can find. acquire: the previous holder's release of
+ * the slot happens before. The other fields of the slot's first line are
+ * written after the claim, before LIVE is published (slot_publish).
+ */
+static int slot_claim(struct kva_arena *a, pid_t pid, uint32_t *slot, uint32_t *gen)
 {
-	struct kva_worker *w;
-	struct kva__slot *s = NULL;
-	uint64_t cur = 0, start_time = 0;
-	pid_t pid = getpid();
-	uint32_t id;
-	int ret;
+	for (uint32_t id = 0; id < a->max_workers; id++) {
+		struct kva__slot *s = &a->slots[id];
+		uint64_t cur = atomic_load_explicit(&s->state, memory_order_acquire);
+		uint64_t start_time = 0;
 
-	if (!a || !out)
-		return kva__err(-EINVAL, "kva_worker_join: NULL argument");
-	kva__err_clear();
-	w = calloc(1, sizeof(*w));
+		if (kva__slot_kind(cur) != KVA_SLOT_FREE ||
+		    !atomic_compare_exchange_strong_explicit(
+			    &s->state, &cur,
+			    kva__slot_word(KVA_SLOT_JOINING, kva__slot_gen(cur), pid),
+			    memory_order_acquire, memory_order_relaxed))
+			continue;
+		KVA__CRASH_POINT(KVA__CP_JOIN_CLAIMED);
+		atomic_store_explicit(&s->owner_pid, pid, memory_order_relaxed);
+		kva__pid_start_time(pid, &start_time, NULL);
+		atomic_store_explicit(&s->start_time, start_time, memory_order_relaxed);
+		*slot = id;
+		*gen = kva__slot_gen(cur);
+		return 0;
+	}
+	return kva__err(-EUSERS, "join: all %u worker slots are taken", a->max_workers);
+}
+
+/*
+ * worker_make - the private half of a worker for slot @id, generation @gen
+ * (JOINING, ours): memory, then the slot's name and counters, then LIVE.
+ */
+static int worker_make(struct kva_arena *a, uint32_t id, uint32_t gen, const char *name,
+		       struct kva_worker **out)
+{
+	struct kva__slot *s = &a->slots[id];
+	struct kva_worker *w = calloc(1, sizeof(*w));
+	int ret = -ENOMEM;
+
 	if (!w)
 		return -ENOMEM;
 	w->c.held = calloc(a->blocks, sizeof(*w->c.held));
-	if (!w->c.held) {
-		ret = -ENOMEM;
+	if (!w->c.held)
 		goto fail;
-	}
 	w->arena = a;
 	w->desc = a->desc;
 	w->c.blocks = a->blocks;
 	if ((ret = kva__cache_resize(w, a->hdr.cache_blocks)) < 0)
 		goto fail;
-	kva__pid_start_time(pid, &start_time, NULL);
 
-	for (id = 0; id < a->max_workers; id++) {
-		s = &a->slots[id];
-		cur = atomic_load_explicit(&s->state, memory_order_acquire);
-		/* Claim: FREE -> JOINING with our pid, one CAS, so that a joiner
-		 * killed from here on leaves a slot a reclaimer can find. acquire:
-		 * the previous holder's release of the slot happens before. */
-		if (kva__slot_kind(cur) == KVA_SLOT_FREE &&
-		    atomic_compare_exchange_strong_explicit(
-			    &s->state, &cur,
-			    kva__slot_word(KVA_SLOT_JOINING, kva__slot_gen(cur), pid),
-			    memory_order_acquire, memory_order_relaxed))
-			break;
-	}
-	if (id == a->max_workers) {
-		ret = kva__err(-EUSERS, "join: all %u worker slots are taken", a->max_workers);
-		goto fail;
-	}
-	KVA__CRASH_POINT(KVA__CP_JOIN_CLAIMED);
-	atomic_store_explicit(&s->start_time, start_time, memory_order_relaxed);
-	atomic_store_explicit(&s->owner_pid, pid, memory_order_relaxed);
 	slot_set_name(s, name ? name : "worker");
 	atomic_store_explicit(&s->cached, 0, memory_order_relaxed);
 	atomic_store_explicit(&s->shares, 0, memory_order_relaxed);
 	atomic_store_explicit(&s->refills, 0, memory_order_relaxed);
 	atomic_store_explicit(&s->flushes, 0, memory_order_relaxed);
-
 	w->slot = s;
 	w->slot_id = id;
-	w->gen = kva__slot_gen(cur);
-	w->owner_payload = kva__owner_tag(id, w->gen);
+	w->gen = gen;
+	w->owner_payload = kva__owner_tag(id, gen);
 	w->holder_bit = 1ull << id;
-	w->slot_word = kva__slot_word(KVA_SLOT_LIVE, w->gen, pid);
+	w->slot_word = kva__slot_word(KVA_SLOT_LIVE, gen, getpid());
 	/* start claiming far from the other slots: slot * golden ratio, mod 1,
 	 * spreads any number of them evenly around the arena */
 	w->cursor = (uint32_t)(((uint64_t)a->blocks * (uint32_t)(id * 0x9e3779b9u)) >> 32);
-	/* release: the fields above are visible to whoever sees LIVE */
-	atomic_store_explicit(&s->state, w->slot_word, memory_order_release);
+	/* JOINING -> LIVE. release: the fields above are visible to whoever
+	 * sees LIVE. A CAS, not a store: a reserved slot may have been taken
+	 * back by its reserver meanwhile (kva_arena_release_slot). */
+	{
+		uint64_t joining = kva__slot_word(KVA_SLOT_JOINING, gen, getpid());
+
+		if (!atomic_compare_exchange_strong_explicit(&s->state, &joining, w->slot_word,
+							     memory_order_release,
+							     memory_order_relaxed)) {
+			ret = kva__err(-ESTALE, "join: slot %u was taken back before it was "
+				       "adopted", id);
+			goto fail;
+		}
+	}
 	*out = w;
 	return 0;
 fail:
@@ -105,6 +122,78 @@ fail:
 	free(w->c.held);
 	free(w);
 	return ret;
+}
+
+int kva_worker_join(struct kva_arena *a, const char *name, struct kva_worker **out)
+{
+	uint32_t id, gen;
+	int ret;
+
+	if (!a || !out)
+		return kva__err(-EINVAL, "kva_worker_join: NULL argument");
+	kva__err_clear();
+	if (a->readonly)
+		return kva__err(-EROFS, "join: this mapping of the arena is read-only");
+	if ((ret = slot_claim(a, getpid(), &id, &gen)) < 0)
+		return ret;
+	ret = worker_make(a, id, gen, name, out);
+	if (ret < 0) /* give the slot back: we hold nothing in it */
+		kva_arena_release_slot(a, id, gen);
+	return ret;
+}
+
+int kva_arena_reserve_slot(struct kva_arena *a, pid_t pid, uint32_t *slot, uint32_t *gen)
+{
+	if (!a || pid <= 0 || !slot || !gen)
+		return kva__err(-EINVAL, "reserve_slot: bad argument");
+	if (a->readonly)
+		return kva__err(-EROFS, "reserve_slot: this mapping of the arena is read-only");
+	return slot_claim(a, pid, slot, gen);
+}
+
+int kva_arena_release_slot(struct kva_arena *a, uint32_t slot, uint32_t gen)
+{
+	struct kva__slot *s;
+	uint64_t cur;
+
+	if (!a || slot >= a->max_workers)
+		return kva__err(-EINVAL, "release_slot: no slot %u", slot);
+	if (a->readonly)
+		return kva__err(-EROFS, "release_slot: this mapping of the arena is read-only");
+	s = &a->slots[slot];
+	cur = atomic_load_explicit(&s->state, memory_order_acquire);
+	/* only a slot nobody adopted: a JOINING slot holds no block */
+	if (kva__slot_kind(cur) != KVA_SLOT_JOINING || kva__slot_gen(cur) != (gen & KVA__S_GEN_MASK))
+		return kva__err(-EBUSY, "release_slot: slot %u is not a reservation of "
+				"generation %u", slot, gen);
+	if (!atomic_compare_exchange_strong_explicit(&s->state, &cur,
+						     kva__slot_word(KVA_SLOT_FREE, gen + 1, 0),
+						     memory_order_release, memory_order_relaxed))
+		return kva__err(-EBUSY, "release_slot: slot %u was adopted meanwhile", slot);
+	return 0;
+}
+
+int kva_worker_adopt(struct kva_arena *a, uint32_t slot, uint32_t gen, const char *name,
+		     struct kva_worker **out)
+{
+	uint64_t cur;
+
+	if (!a || !out || slot >= a->max_workers)
+		return kva__err(-EINVAL, "adopt: no slot %u", slot);
+	kva__err_clear();
+	if (a->readonly)
+		return kva__err(-EROFS, "adopt: this mapping of the arena is read-only");
+	cur = atomic_load_explicit(&a->slots[slot].state, memory_order_acquire);
+	if (cur != kva__slot_word(KVA_SLOT_JOINING, gen, getpid()))
+		return kva__err(-ESTALE, "adopt: slot %u is not reserved for this process "
+				"(generation %u)", slot, gen);
+	{
+		uint64_t start_time = 0;
+
+		kva__pid_start_time(getpid(), &start_time, NULL);
+		atomic_store_explicit(&a->slots[slot].start_time, start_time, memory_order_relaxed);
+	}
+	return worker_make(a, slot, gen, name, out);
 }
 
 void kva_worker_leave(struct kva_worker *w)
@@ -124,6 +213,8 @@ void kva_worker_leave(struct kva_worker *w)
 			kva__slot_word(KVA_SLOT_FREE, w->gen + 1, 0),
 			memory_order_release, memory_order_relaxed);
 	}
+	if (w->on_leave) /* kva_attach's: the agent connection, the mapping */
+		w->on_leave(w, w->on_leave_ctx);
 	free(w->c.ids);
 	free(w->c.held);
 	free(w);

@@ -21,6 +21,7 @@
 #include <stddef.h>
 #include <stdint.h>
 #include <stdio.h>
+#include <sys/types.h>
 
 #ifdef __cplusplus
 extern "C" {
@@ -170,6 +171,15 @@ int kva_arena_create(const struct kva_geometry *g, const struct kva_arena_opts *
  */
 int kva_arena_open(int meta_fd, int data_fd, struct kva_arena **out);
 
+#define KVA_OPEN_READONLY 0x1u /* map both regions PROT_READ: stats, map, check only */
+
+/*
+ * kva_arena_open_flags - kva_arena_open() with KVA_OPEN_* flags. A read-only
+ * mapping (what the agent gives ops tools) refuses join, adopt and reclaim
+ * with -EROFS; a read-only fd needs KVA_OPEN_READONLY.
+ */
+int kva_arena_open_flags(int meta_fd, int data_fd, unsigned flags, struct kva_arena **out);
+
 /* kva_arena_close - unmap; workers joined through @a must have left. */
 void kva_arena_close(struct kva_arena *a);
 
@@ -192,6 +202,31 @@ int kva_worker_join(struct kva_arena *a, const char *name, struct kva_worker **o
  * the only way to free them). NULL is ignored.
  */
 void kva_worker_leave(struct kva_worker *w);
+
+/*
+ * Slots handed out by an agent: kva_arena_reserve_slot() marks a free slot
+ * JOINING for process @pid (a process killed from then on is reclaimable),
+ * that process completes it with kva_worker_adopt(), and a reservation
+ * nobody adopted can be taken back with kva_arena_release_slot(). kva_attach()
+ * does all this through the agent; these are for the agent's side.
+ * Return: 0, -EINVAL, -EUSERS (no free slot), -ESTALE (not reserved for the
+ * calling process, or taken back), -EBUSY (adopted), -EROFS.
+ */
+int kva_arena_reserve_slot(struct kva_arena *a, pid_t pid, uint32_t *slot, uint32_t *generation);
+int kva_worker_adopt(struct kva_arena *a, uint32_t slot, uint32_t generation, const char *name,
+		     struct kva_worker **out);
+int kva_arena_release_slot(struct kva_arena *a, uint32_t slot, uint32_t generation);
+
+enum kva_agent_state {
+	KVA_AGENT_NONE = 0,     /* an embedded arena, or no agent yet */
+	KVA_AGENT_RUNNING = 1,
+	KVA_AGENT_STOPPING = 2, /* new allocations and references fail: -ESHUTDOWN */
+};
+
+/* kva_arena_set_agent - the agent (the calling process) announces its state. */
+int kva_arena_set_agent(struct kva_arena *a, enum kva_agent_state state);
+/* kva_arena_agent - the state the agent last announced, and its pid. */
+enum kva_agent_state kva_arena_agent(const struct kva_arena *a, int32_t *pid);
 
 int kva_worker_slot(const struct kva_worker *w);        /* slot index, or -EINVAL */
 struct kva_arena *kva_worker_arena(const struct kva_worker *w);

@@ -413,13 +413,14 @@ static void test_stale_handle_after_reclaim_is_estale(void **state)
 	 * then refuse to touch shared memory. */
 	assert_int_equal(pipe(go), 0);
 	assert_int_equal(pipe(result), 0);
-	child = fork();
+	child = tu_fork();
 	if (child == 0) {
 		struct kva_worker *x;
 		uint32_t ids[8];
 
 		if (kva_worker_join(f->a, "parent-of-stale", &x) || kva_alloc(x, 8, ids))
 			_exit(1);
+		/* plain fork: this grandchild must outlive its parent */
 		if (fork() == 0) {
 			char c;
 

@@ -117,7 +117,7 @@ static void test_sigkill_at_random_moments_loses_nothing(void **state)
 #define SPAWN(n)                                                                             \
 	do {                                                                                 \
 		memset(&sh->cells[n], 0, sizeof(sh->cells[n]));                              \
-		pids[n] = fork();                                                            \
+		pids[n] = tu_fork();                                                            \
 		assert_true(pids[n] >= 0);                                                   \
 		if (pids[n] == 0)                                                            \
 			worker(a, sh, &sh->cells[n], vp[n], seed, go[0]);                    \

@@ -38,7 +38,7 @@ static const char *const point_name[KVA__CP_COUNT] = {
 /* A worker that dies without leaving, holding blocks and references. */
 static int dead_worker(struct kva_arena *a, struct tu_board *board)
 {
-	pid_t pid = fork();
+	pid_t pid = tu_fork();
 	int status;
 
 	if (pid == 0) {
@@ -120,7 +120,7 @@ static void crash_at(enum kva__crash_point p, uint32_t nth)
 	if (p == KVA__CP_RECLAIM_SWEEP)
 		victim = dead_worker(a, board);
 
-	pid = fork();
+	pid = tu_fork();
 	assert_true(pid >= 0);
 	if (pid == 0)
 		crasher(a, board, held, p, nth, victim);

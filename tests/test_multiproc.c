@@ -80,7 +80,7 @@ static void run(const struct run *r)
 	for (unsigned n = 0; n < PROCS; n++) {
 		vp[n] = (struct tu_view *)(views + n * vb);
 		vp[n]->slot = -1;
-		pids[n] = fork();
+		pids[n] = tu_fork();
 		assert_true(pids[n] >= 0);
 		if (pids[n] == 0)
 		if (pids[n] == 0) {

@@ -5,7 +5,9 @@
 #include <stdio.h>
 #include <stdlib.h>
 #include <string.h>
+#include <signal.h>
 #include <sys/mman.h>
+#include <sys/prctl.h>
 #include <unistd.h>
 #include <xxhash.h>
 
@@ -139,6 +141,18 @@ bool tu_views_match(struct kva_arena *a, struct tu_view *const *views, uint32_t 
 	free(owner_slot);
 	free(holders);
 	return !m->leaked && !m->double_owned && !m->refcount && !m->lost;
+}
+
+pid_t tu_fork(void)
+{
+	pid_t parent = getpid(), pid = fork();
+
+	if (pid == 0) {
+		prctl(PR_SET_PDEATHSIG, SIGKILL);
+		if (getppid() != parent) /* the parent died before prctl */
+			_exit(1);
+	}
+	return pid;
 }
 
 int tu_slot_of(struct kva_arena *a, pid_t pid)

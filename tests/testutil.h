@@ -85,6 +85,10 @@ void tu_work_fini(struct tu_work *t);
 
 uint64_t tu_rand(uint64_t *s);
 
+/* fork(), and the child dies with this process (a failed test leaves no
+ * worker running). */
+pid_t tu_fork(void);
+
 /* The slot that process @pid joined (or is joining), or -1. */
 int tu_slot_of(struct kva_arena *a, pid_t pid);
 
