@@ -400,6 +400,57 @@ struct kva_check_report {
  */
 int kva_arena_check(struct kva_arena *a, struct kva_check_report *r);
 
+/* ------------------------------------------------------------------ agent */
+
+/*
+ * A worker attaches to the arena of a kvarena-agent through its Unix socket.
+ * NULL as the path means kva_default_socket(): $KVARENA_SOCKET if set, else
+ * KVA_DEFAULT_SOCKET.
+ */
+#define KVA_DEFAULT_SOCKET "/run/kvarena/kvarena.sock"
+const char *kva_default_socket(void);
+
+/*
+ * kva_attach - connect to the agent, get a slot and the arena's regions, map
+ * them: after this every arena call works without talking to the agent.
+ * Return: 0; -ENOENT or -ECONNREFUSED (no agent there), -EACCES (refused by
+ * the socket's mode or the agent's uid/gid policy), -EUSERS (no free slot),
+ * -EPROTONOSUPPORT (another protocol version), -EPERM, -ESHUTDOWN (the agent
+ * is stopping), -EPROTO (a malformed answer), -ETIMEDOUT. kva_errmsg() has
+ * the agent's reason.
+ *
+ * If the agent dies, the worker's mapping and everything in it keep working:
+ * alloc, free, share, block data, stats, and leave. What stops: admission of
+ * new workers, and reclaim of workers that die after the agent (their blocks
+ * stay held until the arena's last process closes it). kva_worker_poll()
+ * says -ECONNRESET then.
+ */
+int kva_attach(const char *socket_path, const char *name, struct kva_worker **out);
+
+/* kva_detach - leave (cache and all holdings back), tell the agent, unmap. */
+void kva_detach(struct kva_worker *w);
+
+/*
+ * kva_worker_fd - the agent connection of an attached worker, to watch for
+ * readability in the caller's event loop; kva_worker_poll() then says what
+ * came: 0 nothing, -ESHUTDOWN the agent is stopping (free and detach; new
+ * allocations already fail with -ESHUTDOWN), -ECONNRESET the agent is gone.
+ * -EINVAL for a worker that did not attach.
+ */
+int kva_worker_fd(const struct kva_worker *w);
+int kva_worker_poll(struct kva_worker *w);
+
+struct kva_agent_info {
+	int32_t pid;
+	char arena[32];
+};
+
+/*
+ * kva_observe - a read-only mapping of the agent's arena, for ops tools: no
+ * slot, no connection kept. Stats, map and check work on it.
+ */
+int kva_observe(const char *socket_path, struct kva_arena **out, struct kva_agent_info *info);
+
 /* ------------------------------------------------------- inline fast path */
 
 /*

@@ -1,0 +1,228 @@
+/* SPDX-License-Identifier: MIT */
+/*
+ * attach.c - the worker's side of the agent: attach, detach, observe.
+ *
+ * Attaching is one round trip: HELLO, then WELCOME with the two region fds
+ * and a slot the agent reserved for this process; the worker maps the
+ * regions and adopts the slot. From then on every arena call is shared
+ * memory only. The connection stays open so that the agent sees the worker
+ * go (EOF, besides its pidfd) and can tell it that it is stopping.
+ */
+#include <errno.h>
+#include <stdlib.h>
+#include <string.h>
+#include <unistd.h>
+
+#include "arena_pvt.h"
+#include "proto_pvt.h"
+
+#define ATTACH_TIMEOUT_MS 5000
+
+/* What kva_worker_leave() must undo for an attached worker. */
+struct attach {
+	int fd;                   /* the connection to the agent */
+	struct kva_arena *arena;  /* our mapping of its arena */
+	bool stopping;            /* the agent said SHUTDOWN */
+};
+
+const char *kva_default_socket(void)
+{
+	const char *env = getenv("KVARENA_SOCKET");
+
+	return env && *env ? env : KVA_DEFAULT_SOCKET;
+}
+
+/*
+ * hello - connect, say HELLO, read the answer: WELCOME with its fds, or the
+ * agent's refusal turned into an errno and a sentence.
+ */
+static int hello(const char *path, const char *name, uint32_t flags, int *fd_out,
+		 struct kva__welcome *wel, int fds[2])
+{
+	union kva__msg m, in;
+	char buf[sizeof(union kva__msg)];
+	int fd, nfds = 0, n, ret;
+
+	if (!path)
+		path = kva_default_socket();
+	if ((ret = kva__sock_connect(path, &fd)) < 0)
+		return ret;
+	kva__msg_init(&m, KVA__MSG_HELLO);
+	m.hello.pid = getpid();
+	m.hello.flags = flags;
+	kva__msg_str(m.hello.name, sizeof(m.hello.name), name ? name : "worker");
+	if ((ret = kva__sock_send(fd, &m, NULL, 0)) < 0) {
+		kva__err(ret, "sending HELLO to %s: %s", path, strerror(-ret));
+		goto fail;
+	}
+	n = kva__sock_recv(fd, buf, sizeof(buf), fds, &nfds, ATTACH_TIMEOUT_MS);
+	if (n < 0) {
+		ret = n == -ECONNRESET ? -ECONNRESET : n;
+		if (n == -ECONNRESET)
+			kva__err(ret, "the agent at %s closed the connection", path);
+		else if (n == -ETIMEDOUT)
+			kva__err(ret, "the agent at %s did not answer in %d ms", path,
+				 ATTACH_TIMEOUT_MS);
+		goto fail;
+	}
+	if ((ret = kva__msg_decode(buf, (size_t)n, nfds, &in)) < 0)
+		goto fail_fds;
+	if (in.h.type == KVA__MSG_REFUSE) {
+		ret = kva__err(kva__refusal_errno(in.refuse.reason), "the agent at %s refused: %s "
+			       "(%s)", path, kva__refusal_name(in.refuse.reason), in.refuse.text);
+		goto fail;
+	}
+	if (in.h.type != KVA__MSG_WELCOME) {
+		ret = kva__err(-EPROTO, "protocol: the agent answered HELLO with %s",
+			       kva__msg_type_name(in.h.type));
+		goto fail;
+	}
+	*wel = in.welcome;
+	*fd_out = fd;
+	return 0;
+fail_fds:
+	while (nfds)
+		close(fds[--nfds]);
+fail:
+	close(fd);
+	return ret;
+}
+
+static void send_bye(int fd)
+{
+	union kva__msg m;
+
+	kva__msg_init(&m, KVA__MSG_BYE);
+	kva__sock_send(fd, &m, NULL, 0); /* best effort: EOF says the same */
+}
+
+static void attach_leave(struct kva_worker *w, void *ctx)
+{
+	struct attach *at = ctx;
+
+	(void)w;
+	send_bye(at->fd);
+	close(at->fd);
+	kva_arena_close(at->arena);
+	free(at);
+}
+
+int kva_attach(const char *socket_path, const char *name, struct kva_worker **out)
+{
+	struct kva__welcome wel;
+	struct kva_arena *a = NULL;
+	struct attach *at;
+	int fds[2], fd, ret;
+
+	if (!out)
+		return kva__err(-EINVAL, "kva_attach: NULL argument");
+	kva__err_clear();
+	at = calloc(1, sizeof(*at));
+	if (!at)
+		return -ENOMEM;
+	if ((ret = hello(socket_path, name, 0, &fd, &wel, fds)) < 0) {
+		free(at);
+		return ret;
+	}
+	ret = kva_arena_open(fds[0], fds[1], &a);
+	close(fds[0]);
+	close(fds[1]);
+	if (ret < 0)
+		goto fail;
+	if (kva_arena_info(a)->meta_bytes != wel.meta_bytes) {
+		ret = kva__err(-EPROTO, "protocol: WELCOME says %llu metadata bytes, the region "
+			       "has %llu", (unsigned long long)wel.meta_bytes,
+			       (unsigned long long)kva_arena_info(a)->meta_bytes);
+		goto fail;
+	}
+	if (wel.slot == KVA__NO_SLOT) {
+		ret = kva__err(-EPROTO, "protocol: WELCOME without a slot for a worker");
+		goto fail;
+	}
+	if ((ret = kva_worker_adopt(a, wel.slot, wel.generation, name, out)) < 0)
+		goto fail;
+	at->fd = fd;
+	at->arena = a;
+	(*out)->on_leave = attach_leave;
+	(*out)->on_leave_ctx = at;
+	return 0;
+fail:
+	send_bye(fd); /* the agent takes its reservation back */
+	close(fd);
+	kva_arena_close(a);
+	free(at);
+	return ret;
+}
+
+void kva_detach(struct kva_worker *w)
+{
+	kva_worker_leave(w);
+}
+
+static struct attach *attached(const struct kva_worker *w)
+{
+	return w && w->on_leave == attach_leave ? w->on_leave_ctx : NULL;
+}
+
+int kva_worker_fd(const struct kva_worker *w)
+{
+	struct attach *at = attached(w);
+
+	return at ? at->fd : -EINVAL;
+}
+
+int kva_worker_poll(struct kva_worker *w)
+{
+	struct attach *at = attached(w);
+	char buf[sizeof(union kva__msg)];
+	union kva__msg m;
+	int fds[2], nfds, n;
+
+	if (!at)
+		return -EINVAL;
+	while (!at->stopping) {
+		n = kva__sock_recv(at->fd, buf, sizeof(buf), fds, &nfds, 0);
+		if (n == -ETIMEDOUT)
+			return 0; /* nothing pending */
+		if (n == -ECONNRESET)
+			return kva__err(-ECONNRESET, "the agent is gone: the arena still works, "
+					"but nobody reclaims the blocks of workers that die");
+		if (n < 0)
+			return n;
+		if (kva__msg_decode(buf, (size_t)n, nfds, &m) < 0) {
+			while (nfds)
+				close(fds[--nfds]);
+			return -EPROTO;
+		}
+		if (m.h.type == KVA__MSG_SHUTDOWN)
+			at->stopping = true;
+	}
+	return kva__err(-ESHUTDOWN, "the agent is shutting down: free what you hold and "
+			"detach");
+}
+
+int kva_observe(const char *socket_path, struct kva_arena **out, struct kva_agent_info *info)
+{
+	struct kva__welcome wel;
+	int fds[2], fd, ret;
+
+	if (!out)
+		return kva__err(-EINVAL, "kva_observe: NULL argument");
+	kva__err_clear();
+	if ((ret = hello(socket_path, "observer", KVA__HELLO_OBSERVER, &fd, &wel, fds)) < 0)
+		return ret;
+	send_bye(fd);
+	close(fd); /* an observer keeps no connection: the mapping is all it needs */
+	if (wel.slot != KVA__NO_SLOT || !(wel.flags & KVA__WELCOME_READONLY))
+		ret = kva__err(-EPROTO, "protocol: an observer was given a worker slot");
+	else
+		ret = kva_arena_open_flags(fds[0], fds[1], KVA_OPEN_READONLY, out);
+	close(fds[0]);
+	close(fds[1]);
+	if (ret == 0 && info) {
+		memset(info, 0, sizeof(*info));
+		info->pid = wel.agent_pid;
+		memcpy(info->arena, wel.arena, sizeof(info->arena));
+	}
+	return ret;
+}
