@@ -66,6 +66,23 @@ int kva_arena_stats(struct kva_arena *a, struct kva_stats *st)
 	return 0;
 }
 
+int kva_arena_slot(const struct kva_arena *a, uint32_t slot, enum kva_slot_state *state,
+		   uint32_t *generation, int32_t *pid)
+{
+	uint64_t word;
+
+	if (!a || slot >= a->max_workers)
+		return -EINVAL;
+	word = atomic_load_explicit(&a->slots[slot].state, memory_order_acquire);
+	if (state)
+		*state = (enum kva_slot_state)kva__slot_kind(word);
+	if (generation)
+		*generation = kva__slot_gen(word);
+	if (pid)
+		*pid = kva__slot_pid(word);
+	return 0;
+}
+
 int kva_stats(struct kva_worker *w, struct kva_stats *st)
 {
 	if (!w)

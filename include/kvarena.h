@@ -331,6 +331,11 @@ struct kva_stats {
 	struct kva_slot_stats slots[KVA_MAX_WORKERS]; /* index = slot */
 };
 
+/* kva_arena_slot - one slot's state, generation and pid (holder, or reclaimer
+ * while RECLAIMING), from one load. -EINVAL for no such slot. */
+int kva_arena_slot(const struct kva_arena *a, uint32_t slot, enum kva_slot_state *state,
+		   uint32_t *generation, int32_t *pid);
+
 /*
  * kva_stats / kva_arena_stats - counts from one pass over the descriptors
  * (O(blocks), no locks; a snapshot that concurrent calls may be moving through).

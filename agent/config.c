@@ -1,0 +1,434 @@
+/* SPDX-License-Identifier: MIT */
+/*
+ * config.c - kvarena-agent's flags and its config file, which has the same
+ * keys: one "key = value" per line, '#' comments, flags without a value
+ * written "key = true". The file is read first; the command line wins.
+ */
+#include <ctype.h>
+#include <errno.h>
+#include <getopt.h>
+#include <grp.h>
+#include <inttypes.h>
+#include <limits.h>
+#include <pwd.h>
+#include <stdio.h>
+#include <stdlib.h>
+#include <string.h>
+#include <unistd.h>
+
+#include "agent_pvt.h"
+
+enum opt {
+	O_SOCKET = 256, O_SOCKET_MODE, O_SOCKET_GROUP, O_NAME, O_BACKEND, O_BLOCKS, O_MEMORY,
+	O_BLOCK_TOKENS, O_LAYERS, O_KV_HEADS, O_HEAD_DIM, O_DTYPE, O_LAYOUT, O_HUGEPAGES,
+	O_NUMA_NODE, O_MAX_WORKERS, O_WORKER_CACHE, O_ALLOW_UID, O_ALLOW_GID, O_LOG_LEVEL,
+	O_SHUTDOWN_GRACE, O_CHECK_INTERVAL, O_CONFIG, O_HELP, O_VERSION,
+};
+
+static const struct option options[] = {
+	{ "socket", required_argument, NULL, O_SOCKET },
+	{ "socket-mode", required_argument, NULL, O_SOCKET_MODE },
+	{ "socket-group", required_argument, NULL, O_SOCKET_GROUP },
+	{ "name", required_argument, NULL, O_NAME },
+	{ "backend", required_argument, NULL, O_BACKEND },
+	{ "blocks", required_argument, NULL, O_BLOCKS },
+	{ "memory", required_argument, NULL, O_MEMORY },
+	{ "block-tokens", required_argument, NULL, O_BLOCK_TOKENS },
+	{ "layers", required_argument, NULL, O_LAYERS },
+	{ "kv-heads", required_argument, NULL, O_KV_HEADS },
+	{ "head-dim", required_argument, NULL, O_HEAD_DIM },
+	{ "dtype", required_argument, NULL, O_DTYPE },
+	{ "layout", required_argument, NULL, O_LAYOUT },
+	{ "hugepages", no_argument, NULL, O_HUGEPAGES },
+	{ "numa-node", required_argument, NULL, O_NUMA_NODE },
+	{ "max-workers", required_argument, NULL, O_MAX_WORKERS },
+	{ "worker-cache", required_argument, NULL, O_WORKER_CACHE },
+	{ "allow-uid", required_argument, NULL, O_ALLOW_UID },
+	{ "allow-gid", required_argument, NULL, O_ALLOW_GID },
+	{ "log-level", required_argument, NULL, O_LOG_LEVEL },
+	{ "shutdown-grace", required_argument, NULL, O_SHUTDOWN_GRACE },
+	{ "check-interval", required_argument, NULL, O_CHECK_INTERVAL },
+	{ "config", required_argument, NULL, O_CONFIG },
+	{ "help", no_argument, NULL, O_HELP },
+	{ "version", no_argument, NULL, O_VERSION },
+	{ NULL, 0, NULL, 0 },
+};
+
+static void usage(FILE *f)
+{
+	fprintf(f,
+"usage: kvarena-agent [options]\n"
+"\n"
+"Owns one KV-cache arena and admits worker processes to it over a Unix socket;\n"
+"reclaims everything a worker held the moment it dies. Runs in the foreground.\n"
+"\n"
+"  --socket PATH          Unix socket to listen on (default: $KVARENA_SOCKET, else\n"
+"                         %s; kvarena-ctl and kva_attach use the same default)\n"
+"  --socket-mode MODE     octal file mode of the socket (default 0660)\n"
+"  --socket-group GROUP   group of the socket file (name or gid)\n"
+"  --name NAME            arena name shown by ops tools (default kvarena)\n"
+"  --backend host         memory backend: host memory (memfd)\n"
+"  --blocks N             number of blocks\n"
+"  --memory SIZE          or: size of the data region (K, M, G, T suffixes);\n"
+"                         default 128M\n"
+"  --block-tokens N       tokens per block (default 16)\n"
+"  --layers N             layers (default 4)\n"
+"  --kv-heads N           KV heads (default 2)\n"
+"  --head-dim N           head dimension (default 64)\n"
+"  --dtype T              f32, f16, bf16, fp8_e4m3, int8 (default f16)\n"
+"  --layout L             block-major (default) or layer-major\n"
+"  --hugepages            back the data with 2 MiB huge pages if the system has them\n"
+"  --numa-node N          bind the data region to NUMA node N\n"
+"  --max-workers N        worker slots, 1..%u (default %u)\n"
+"  --worker-cache N       per-worker cache capacity in blocks (default: from the size)\n"
+"  --allow-uid UID[,...]  users allowed to attach (names or numbers; repeatable);\n"
+"                         default: the agent's own uid\n"
+"  --allow-gid GID[,...]  groups allowed to attach (primary or supplementary)\n"
+"  --log-level L          error, warn, info (default), debug\n"
+"  --shutdown-grace S     seconds to wait for workers after SIGTERM (default 5)\n"
+"  --check-interval S     seconds between arena checks (default 1; 0: never)\n"
+"  --config FILE          read these settings from FILE first: one \"key = value\"\n"
+"                         per line, keys as the flags without dashes\n"
+"  --help, --version\n"
+"\n"
+"Signals: SIGTERM or SIGINT stop admitting, tell workers, wait --shutdown-grace,\n"
+"remove the socket and exit 0. With NOTIFY_SOCKET set it tells systemd READY=1.\n",
+		KVA_DEFAULT_SOCKET, KVA_MAX_WORKERS, KVA_MAX_WORKERS);
+}
+
+static int bad(const char *key, const char *value, const char *why)
+{
+	fprintf(stderr, "kvarena-agent: --%s %s: %s\n", key, value, why);
+	return -EINVAL;
+}
+
+static int parse_u64(const char *key, const char *v, uint64_t lo, uint64_t hi, uint64_t *out)
+{
+	char *end;
+	unsigned long long x;
+
+	errno = 0;
+	if (!*v || !isdigit((unsigned char)*v))
+		return bad(key, v, "not a number");
+	x = strtoull(v, &end, 10);
+	if (errno || *end)
+		return bad(key, v, "not a number");
+	if (x < lo || x > hi) {
+		char why[64];
+
+		snprintf(why, sizeof(why), "out of range %" PRIu64 "..%" PRIu64, lo, hi);
+		return bad(key, v, why);
+	}
+	*out = x;
+	return 0;
+}
+
+static int parse_u32(const char *key, const char *v, uint32_t lo, uint32_t hi, uint32_t *out)
+{
+	uint64_t x;
+	int ret = parse_u64(key, v, lo, hi, &x);
+
+	if (ret == 0)
+		*out = (uint32_t)x;
+	return ret;
+}
+
+static int parse_size(const char *key, const char *v, uint64_t *out)
+{
+	char *end;
+	unsigned long long x;
+	unsigned shift = 0;
+
+	errno = 0;
+	if (!isdigit((unsigned char)*v))
+		return bad(key, v, "not a size");
+	x = strtoull(v, &end, 10);
+	if (errno)
+		return bad(key, v, "not a size");
+	switch (toupper((unsigned char)*end)) {
+	case '\0': break;
+	case 'K': shift = 10; break;
+	case 'M': shift = 20; break;
+	case 'G': shift = 30; break;
+	case 'T': shift = 40; break;
+	default: return bad(key, v, "not a size (K, M, G, T suffixes)");
+	}
+	if (*end && end[1] && strcasecmp(end + 1, "iB") && strcasecmp(end + 1, "B"))
+		return bad(key, v, "not a size (K, M, G, T suffixes)");
+	if (!x || x > (UINT64_MAX >> shift))
+		return bad(key, v, "out of range");
+	*out = (uint64_t)x << shift;
+	return 0;
+}
+
+static int parse_seconds(const char *key, const char *v, uint32_t max_s, uint32_t *ms)
+{
+	char *end;
+	double s;
+
+	errno = 0;
+	s = strtod(v, &end);
+	if (errno || *end || end == v || s < 0 || s > max_s)
+		return bad(key, v, "not a number of seconds in range");
+	*ms = (uint32_t)(s * 1000 + 0.5);
+	return 0;
+}
+
+/* a comma-separated list of user (or group) names or numbers */
+static int parse_ids(const char *key, const char *v, bool group, uint32_t *ids, unsigned *n)
+{
+	char buf[512], *save = NULL;
+
+	if (strlen(v) >= sizeof(buf))
+		return bad(key, v, "too long");
+	strcpy(buf, v);
+	for (char *tok = strtok_r(buf, ",", &save); tok; tok = strtok_r(NULL, ",", &save)) {
+		uint64_t id;
+
+		if (*n == AGENT_MAX_IDS)
+			return bad(key, v, "too many ids");
+		if (isdigit((unsigned char)*tok)) {
+			if (parse_u64(key, tok, 0, UINT32_MAX - 1, &id))
+				return -EINVAL;
+		} else if (group) {
+			struct group *g = getgrnam(tok);
+
+			if (!g)
+				return bad(key, tok, "no such group");
+			id = g->gr_gid;
+		} else {
+			struct passwd *p = getpwnam(tok);
+
+			if (!p)
+				return bad(key, tok, "no such user");
+			id = p->pw_uid;
+		}
+		ids[(*n)++] = (uint32_t)id;
+	}
+	return 0;
+}
+
+static int set_option(struct agent_config *c, int opt, const char *key, const char *v)
+{
+	uint64_t x;
+	int ret = 0;
+
+	switch (opt) {
+	case O_SOCKET:
+		if (!*v || strlen(v) >= sizeof(c->socket))
+			return bad(key, v, "empty, or longer than a socket path may be");
+		snprintf(c->socket, sizeof(c->socket), "%s", v);
+		return 0;
+	case O_SOCKET_MODE: {
+		char *end;
+		unsigned long m = strtoul(v, &end, 8);
+
+		if (!*v || *end || m > 0777)
+			return bad(key, v, "not an octal file mode (0600, 0660, ...)");
+		c->socket_mode = (mode_t)m;
+		return 0;
+	}
+	case O_SOCKET_GROUP: {
+		uint32_t g[1];
+		unsigned n = 0;
+
+		if ((ret = parse_ids(key, v, true, g, &n)) == 0)
+			c->socket_group = g[0];
+		return ret;
+	}
+	case O_NAME:
+		if (!*v || strlen(v) >= sizeof(c->name))
+			return bad(key, v, "empty, or longer than 31 bytes");
+		snprintf(c->name, sizeof(c->name), "%s", v);
+		return 0;
+	case O_BACKEND:
+		if (strcmp(v, "host"))
+			return bad(key, v, "this agent has the host backend only");
+		snprintf(c->backend, sizeof(c->backend), "%s", v);
+		return 0;
+	case O_BLOCKS:
+		return parse_u32(key, v, 1, KVA_MAX_BLOCKS, &c->blocks);
+	case O_MEMORY:
+		ret = parse_size(key, v, &c->memory);
+		if (ret == 0)
+			c->blocks = 0;
+		return ret;
+	case O_BLOCK_TOKENS:
+		return parse_u32(key, v, 1, 65536, &c->geometry.block_tokens);
+	case O_LAYERS:
+		return parse_u32(key, v, 1, 4096, &c->geometry.layers);
+	case O_KV_HEADS:
+		return parse_u32(key, v, 1, 4096, &c->geometry.kv_heads);
+	case O_HEAD_DIM:
+		return parse_u32(key, v, 1, 65536, &c->geometry.head_dim);
+	case O_DTYPE:
+		if (kva_dtype_parse(v, &c->geometry.dtype) < 0)
+			return bad(key, v, "one of f32, f16, bf16, fp8_e4m3, int8");
+		return 0;
+	case O_LAYOUT:
+		if (!strcmp(v, "block-major"))
+			c->geometry.layout = KVA_LAYOUT_BLOCK_MAJOR;
+		else if (!strcmp(v, "layer-major"))
+			c->geometry.layout = KVA_LAYOUT_LAYER_MAJOR;
+		else
+			return bad(key, v, "block-major or layer-major");
+		return 0;
+	case O_HUGEPAGES:
+		if (v && strcmp(v, "true") && strcmp(v, "false"))
+			return bad(key, v, "true or false");
+		c->hugepages = !v || !strcmp(v, "true");
+		return 0;
+	case O_NUMA_NODE:
+		if ((ret = parse_u64(key, v, 0, 1023, &x)) == 0)
+			c->numa_node = (int32_t)x;
+		return ret;
+	case O_MAX_WORKERS:
+		return parse_u32(key, v, 1, KVA_MAX_WORKERS, &c->max_workers);
+	case O_WORKER_CACHE:
+		return parse_u32(key, v, 0, 65536, &c->worker_cache);
+	case O_ALLOW_UID:
+		return parse_ids(key, v, false, c->allow_uid, &c->n_allow_uid);
+	case O_ALLOW_GID:
+		return parse_ids(key, v, true, c->allow_gid, &c->n_allow_gid);
+	case O_LOG_LEVEL:
+		if ((c->log_level = agent_log_level_parse(v)) < 0)
+			return bad(key, v, "error, warn, info or debug");
+		return 0;
+	case O_SHUTDOWN_GRACE:
+		return parse_seconds(key, v, 3600, &c->shutdown_grace_ms);
+	case O_CHECK_INTERVAL:
+		return parse_seconds(key, v, 3600, &c->check_interval_ms);
+	default:
+		return -EINVAL;
+	}
+}
+
+static char *trim(char *s)
+{
+	char *e;
+
+	while (isspace((unsigned char)*s))
+		s++;
+	e = s + strlen(s);
+	while (e > s && isspace((unsigned char)e[-1]))
+		*--e = '\0';
+	return s;
+}
+
+static int read_config(struct agent_config *c, const char *path)
+{
+	char line[1024];
+	unsigned lineno = 0;
+	FILE *f = fopen(path, "r");
+	int ret = 0;
+
+	if (!f) {
+		fprintf(stderr, "kvarena-agent: --config %s: %s\n", path, strerror(errno));
+		return -EINVAL;
+	}
+	while (fgets(line, sizeof(line), f)) {
+		char *key, *value, *eq;
+		const struct option *o;
+
+		lineno++;
+		if (!strchr(line, '\n') && !feof(f)) {
+			fprintf(stderr, "kvarena-agent: %s:%u: line too long\n", path, lineno);
+			ret = -EINVAL;
+			break;
+		}
+		key = trim(line);
+		if (!*key || *key == '#')
+			continue;
+		eq = strchr(key, '=');
+		if (!eq) {
+			fprintf(stderr, "kvarena-agent: %s:%u: expected \"key = value\"\n", path,
+				lineno);
+			ret = -EINVAL;
+			break;
+		}
+		*eq = '\0';
+		key = trim(key);
+		value = trim(eq + 1);
+		for (o = options; o->name; o++)
+			if (!strcmp(o->name, key))
+				break;
+		if (!o->name || o->val == O_CONFIG || o->val == O_HELP || o->val == O_VERSION) {
+			fprintf(stderr, "kvarena-agent: %s:%u: unknown key \"%s\"\n", path, lineno,
+				key);
+			ret = -EINVAL;
+			break;
+		}
+		if ((ret = set_option(c, o->val, key, value)) < 0) {
+			fprintf(stderr, "kvarena-agent: (in %s, line %u)\n", path, lineno);
+			break;
+		}
+	}
+	fclose(f);
+	return ret;
+}
+
+int agent_config_parse(int argc, char **argv, struct agent_config *c)
+{
+	int opt, ret;
+
+	*c = (struct agent_config){
+		.socket_mode = 0660,
+		.socket_group = (gid_t)-1,
+		.name = "kvarena",
+		.backend = "host",
+		.memory = 128ull << 20,
+		.geometry = { .block_tokens = 16, .layers = 4, .kv_heads = 2, .head_dim = 64,
+			      .dtype = KVA_F16, .layout = KVA_LAYOUT_BLOCK_MAJOR },
+		.numa_node = -1,
+		.max_workers = KVA_MAX_WORKERS,
+		.log_level = LOG_INFO,
+		.shutdown_grace_ms = 5000,
+		.check_interval_ms = 1000,
+	};
+	snprintf(c->socket, sizeof(c->socket), "%s", kva_default_socket());
+
+	/* the config file first, wherever --config is on the line */
+	for (int k = 1; k < argc; k++) {
+		const char *file = NULL;
+
+		if (!strcmp(argv[k], "--config") && k + 1 < argc)
+			file = argv[k + 1];
+		else if (!strncmp(argv[k], "--config=", 9))
+			file = argv[k] + 9;
+		if (file && (ret = read_config(c, file)) < 0)
+			return ret;
+	}
+	opterr = 0;
+	optind = 1;
+	while ((opt = getopt_long(argc, argv, "", options, NULL)) != -1) {
+		const char *key = optind > 1 && optind <= argc ? argv[optind - 1] + 2 : "?";
+
+		if (opt == O_HELP) {
+			usage(stdout);
+			return 1;
+		}
+		if (opt == O_VERSION) {
+			printf("kvarena-agent %d.%d\n", KVA_VERSION_MAJOR, KVA_VERSION_MINOR);
+			return 1;
+		}
+		if (opt == O_CONFIG)
+			continue;
+		if (opt == '?' || opt == ':') {
+			fprintf(stderr, "kvarena-agent: %s: unknown flag or missing value "
+				"(--help lists them)\n", argv[optind - 1]);
+			return -EINVAL;
+		}
+		for (const struct option *o = options; o->name; o++)
+			if (o->val == opt)
+				key = o->name;
+		if ((ret = set_option(c, opt, key, optarg)) < 0)
+			return ret;
+	}
+	if (optind < argc) {
+		fprintf(stderr, "kvarena-agent: unexpected argument \"%s\"\n", argv[optind]);
+		return -EINVAL;
+	}
+	if (!c->n_allow_uid && !c->n_allow_gid)
+		c->allow_uid[c->n_allow_uid++] = geteuid();
+	return 0;
+}

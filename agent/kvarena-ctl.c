@@ -1,0 +1,335 @@
+/* SPDX-License-Identifier: MIT */
+/*
+ * kvarena-ctl - look at a running agent's arena: status, workers, the block
+ * map, the invariant check. It attaches as an observer (a read-only mapping,
+ * no slot) and reads shared memory; it changes nothing.
+ *
+ * With --json every answer is JSON objects, one per line:
+ *   status   {"arena","agent_pid","agent_state","total_blocks","free_blocks",
+ *             "used_blocks","owned_blocks","shared_blocks","shared_refs",
+ *             "cached_blocks","workers","max_workers","block_bytes",
+ *             "data_bytes","meta_bytes","hugetlb","numa_node",
+ *             "geometry":{"block_tokens","layers","kv_heads","head_dim",
+ *                         "dtype","layout"}}
+ *   workers  one object a worker: {"slot","name","pid","state","generation",
+ *             "owned","shared","cached","refills","flushes","shares"}
+ *   map      {"blocks","cells","width","rows":[...],"legend":{char: meaning}}
+ *   check    {"ok","free_blocks","owned_blocks","shared_blocks","shared_refs",
+ *             "bad_descriptors","stale_owners","dead_holders","hints_missing",
+ *             "dead_slots","first_bad_block"}
+ * Exit status: 0; 1 when there is no agent, access is refused, or check
+ * finds the invariant broken; 2 for a bad command line.
+ */
+#include <errno.h>
+#include <json-c/json.h>
+#include <stdbool.h>
+#include <stdio.h>
+#include <stdlib.h>
+#include <string.h>
+
+#include "kvarena.h"
+
+struct ctl {
+	const char *socket;
+	const char *command;
+	bool json;
+	uint32_t width, rows;
+	struct kva_arena *a;
+	struct kva_agent_info agent;
+};
+
+static const char *const slot_state[] = { "free", "joining", "live", "reclaiming" };
+static const char *const agent_state[] = { "none", "running", "stopping" };
+
+static void usage(FILE *f)
+{
+	fprintf(f,
+"usage: kvarena-ctl [--socket PATH] [--json] COMMAND\n"
+"\n"
+"  status            the arena's totals and geometry\n"
+"  workers           the workers attached, one line each\n"
+"  map [--width N] [--rows N]\n"
+"                    the block map: one character per block (or per run of\n"
+"                    blocks when --rows limits it), with a legend\n"
+"  check             verify the arena's invariant; exit 1 if it is broken\n"
+"\n"
+"  --socket PATH     the agent's socket (default: $KVARENA_SOCKET, else %s)\n"
+"  --json            JSON objects, one per line\n",
+		KVA_DEFAULT_SOCKET);
+}
+
+static int print_json(struct json_object *o)
+{
+	int ret = puts(json_object_to_json_string_ext(o, JSON_C_TO_STRING_PLAIN)) < 0 ? 1 : 0;
+
+	json_object_put(o);
+	return ret;
+}
+
+static void add_int(struct json_object *o, const char *k, int64_t v)
+{
+	json_object_object_add(o, k, json_object_new_int64(v));
+}
+
+static void add_str(struct json_object *o, const char *k, const char *v)
+{
+	json_object_object_add(o, k, json_object_new_string(v));
+}
+
+static int cmd_status(struct ctl *c)
+{
+	const struct kva_arena_info *info = kva_arena_info(c->a);
+	const struct kva_geometry *g = &info->geometry;
+	const char *layout = g->layout == KVA_LAYOUT_BLOCK_MAJOR ? "block-major" : "layer-major";
+	enum kva_agent_state as = kva_arena_agent(c->a, NULL);
+	struct kva_stats st;
+	struct json_object *o, *geo;
+
+	if (kva_arena_stats(c->a, &st) < 0)
+		return 1;
+	if (!c->json) {
+		printf("arena \"%s\" (agent pid %d, %s)\n", info->name, c->agent.pid,
+		       agent_state[as]);
+		printf("  blocks   %u total, %u free, %u used (%u owned, %u shared with %u holders), "
+		       "%u idle in worker caches\n", st.total_blocks, st.free_blocks,
+		       st.used_blocks, st.owned_blocks, st.shared_blocks, st.shared_refs,
+		       st.cached_blocks);
+		printf("  workers  %u of %u slots\n", st.workers, st.max_workers);
+		printf("  block    %llu bytes: %u tokens x %u layers x K,V x %u kv heads x %u x %s, "
+		       "%s\n", (unsigned long long)info->layout.block_bytes, g->block_tokens,
+		       g->layers, g->kv_heads, g->head_dim, kva_dtype_name(g->dtype), layout);
+		printf("  memory   %.1f MiB data%s%s, %.1f KiB metadata\n",
+		       (double)info->layout.data_bytes / (1 << 20),
+		       info->hugetlb ? " on huge pages" : "",
+		       info->numa_node >= 0 ? " bound to a NUMA node" : "",
+		       (double)info->meta_bytes / 1024);
+		return 0;
+	}
+	o = json_object_new_object();
+	add_str(o, "arena", info->name);
+	add_int(o, "agent_pid", c->agent.pid);
+	add_str(o, "agent_state", agent_state[as]);
+	add_int(o, "total_blocks", st.total_blocks);
+	add_int(o, "free_blocks", st.free_blocks);
+	add_int(o, "used_blocks", st.used_blocks);
+	add_int(o, "owned_blocks", st.owned_blocks);
+	add_int(o, "shared_blocks", st.shared_blocks);
+	add_int(o, "shared_refs", st.shared_refs);
+	add_int(o, "cached_blocks", st.cached_blocks);
+	add_int(o, "workers", st.workers);
+	add_int(o, "max_workers", st.max_workers);
+	add_int(o, "block_bytes", (int64_t)info->layout.block_bytes);
+	add_int(o, "data_bytes", (int64_t)info->layout.data_bytes);
+	add_int(o, "meta_bytes", (int64_t)info->meta_bytes);
+	json_object_object_add(o, "hugetlb", json_object_new_boolean(info->hugetlb));
+	add_int(o, "numa_node", info->numa_node);
+	geo = json_object_new_object();
+	add_int(geo, "block_tokens", g->block_tokens);
+	add_int(geo, "layers", g->layers);
+	add_int(geo, "kv_heads", g->kv_heads);
+	add_int(geo, "head_dim", g->head_dim);
+	add_str(geo, "dtype", kva_dtype_name(g->dtype));
+	add_str(geo, "layout", layout);
+	json_object_object_add(o, "geometry", geo);
+	return print_json(o);
+}
+
+static int cmd_workers(struct ctl *c)
+{
+	struct kva_stats st;
+	unsigned shown = 0;
+
+	if (kva_arena_stats(c->a, &st) < 0)
+		return 1;
+	if (!c->json)
+		printf("slot  name              pid      state       owned   shared  cached  "
+		       "refills  flushes  shares\n");
+	for (uint32_t s = 0; s < st.max_workers; s++) {
+		const struct kva_slot_stats *w = &st.slots[s];
+		struct json_object *o;
+
+		if (w->state == KVA_SLOT_FREE)
+			continue;
+		shown++;
+		if (!c->json) {
+			printf("%c %-3u %-17s %-8d %-11s %-7u %-7u %-7u %-8llu %-8llu %llu\n",
+			       kva_slot_char(s), s, w->name, w->pid, slot_state[w->state & 3],
+			       w->owned, w->shared, w->cached, (unsigned long long)w->refills,
+			       (unsigned long long)w->flushes, (unsigned long long)w->shares);
+			continue;
+		}
+		o = json_object_new_object();
+		add_int(o, "slot", s);
+		add_str(o, "name", w->name);
+		add_int(o, "pid", w->pid);
+		add_str(o, "state", slot_state[w->state & 3]);
+		add_int(o, "generation", w->generation);
+		add_int(o, "owned", w->owned);
+		add_int(o, "shared", w->shared);
+		add_int(o, "cached", w->cached);
+		add_int(o, "refills", (int64_t)w->refills);
+		add_int(o, "flushes", (int64_t)w->flushes);
+		add_int(o, "shares", (int64_t)w->shares);
+		if (print_json(o))
+			return 1;
+	}
+	if (!c->json && !shown)
+		printf("(no workers)\n");
+	return 0;
+}
+
+static int cmd_map(struct ctl *c)
+{
+	const struct kva_arena_info *info = kva_arena_info(c->a);
+	uint32_t width = c->width ? c->width : 64, cells = info->blocks;
+	struct json_object *o, *rows, *legend;
+	struct kva_stats st;
+	char *map;
+	int n;
+
+	if (!c->json)
+		return kva_arena_map_print(c->a, stdout, width, c->rows) < 0;
+	if (c->rows && (uint64_t)width * c->rows < cells)
+		cells = width * c->rows;
+	map = malloc((size_t)cells + 1);
+	if (!map || (n = kva_arena_map(c->a, map, (size_t)cells + 1, cells)) < 0 ||
+	    kva_arena_stats(c->a, &st) < 0) {
+		free(map);
+		return 1;
+	}
+	o = json_object_new_object();
+	add_int(o, "blocks", info->blocks);
+	add_int(o, "cells", n);
+	add_int(o, "width", width);
+	rows = json_object_new_array();
+	for (int off = 0; off < n; off += (int)width)
+		json_object_array_add(rows, json_object_new_string_len(
+						    map + off, n - off < (int)width ? n - off : (int)width));
+	json_object_object_add(o, "rows", rows);
+	legend = json_object_new_object();
+	add_str(legend, ".", "free");
+	add_str(legend, "#", "shared");
+	add_str(legend, "!", "corrupt or stale");
+	for (uint32_t s = 0; s < st.max_workers; s++) {
+		char key[2] = { kva_slot_char(s), 0 }, text[64];
+
+		if (st.slots[s].state == KVA_SLOT_FREE)
+			continue;
+		snprintf(text, sizeof(text), "%s (pid %d)", st.slots[s].name, st.slots[s].pid);
+		add_str(legend, key, text);
+	}
+	json_object_object_add(o, "legend", legend);
+	free(map);
+	return print_json(o);
+}
+
+static int cmd_check(struct ctl *c)
+{
+	struct kva_check_report r;
+	int ret = kva_arena_check(c->a, &r);
+	struct json_object *o;
+
+	if (!c->json) {
+		printf("%s: %u free, %u owned, %u shared (%u holders); %u corrupt descriptors, "
+		       "%u stale owners, %u dead holders, %u unfindable free blocks, %u dead "
+		       "slots awaiting reclaim\n", ret ? "BROKEN" : "ok", r.free_blocks,
+		       r.owned_blocks, r.shared_blocks, r.shared_refs, r.bad_descriptors,
+		       r.stale_owners, r.dead_holders, r.hints_missing, r.dead_slots);
+		return ret ? 1 : 0;
+	}
+	o = json_object_new_object();
+	json_object_object_add(o, "ok", json_object_new_boolean(ret == 0));
+	add_int(o, "free_blocks", r.free_blocks);
+	add_int(o, "owned_blocks", r.owned_blocks);
+	add_int(o, "shared_blocks", r.shared_blocks);
+	add_int(o, "shared_refs", r.shared_refs);
+	add_int(o, "bad_descriptors", r.bad_descriptors);
+	add_int(o, "stale_owners", r.stale_owners);
+	add_int(o, "dead_holders", r.dead_holders);
+	add_int(o, "hints_missing", r.hints_missing);
+	add_int(o, "dead_slots", r.dead_slots);
+	add_int(o, "first_bad_block", r.first_bad_block);
+	return print_json(o) || ret ? 1 : 0;
+}
+
+static int number(const char *flag, const char *v, uint32_t max, uint32_t *out)
+{
+	char *end;
+	unsigned long x;
+
+	errno = 0;
+	x = v ? strtoul(v, &end, 10) : 0;
+	if (!v || errno || *end || !x || x > max) {
+		fprintf(stderr, "kvarena-ctl: %s needs a number 1..%u\n", flag, max);
+		return -EINVAL;
+	}
+	*out = (uint32_t)x;
+	return 0;
+}
+
+static int parse(int argc, char **argv, struct ctl *c)
+{
+	for (int k = 1; k < argc; k++) {
+		const char *arg = argv[k];
+
+		if (!strcmp(arg, "--json")) {
+			c->json = true;
+		} else if (!strcmp(arg, "--socket") && k + 1 < argc) {
+			c->socket = argv[++k];
+		} else if (!strncmp(arg, "--socket=", 9)) {
+			c->socket = arg + 9;
+		} else if (!strcmp(arg, "--width")) {
+			if (number("--width", k + 1 < argc ? argv[++k] : NULL, 4096, &c->width))
+				return -EINVAL;
+		} else if (!strcmp(arg, "--rows")) {
+			if (number("--rows", k + 1 < argc ? argv[++k] : NULL, 1u << 20, &c->rows))
+				return -EINVAL;
+		} else if (!strcmp(arg, "--help") || !strcmp(arg, "-h")) {
+			usage(stdout);
+			exit(0);
+		} else if (arg[0] == '-' || c->command) {
+			fprintf(stderr, "kvarena-ctl: unexpected \"%s\" (--help lists the usage)\n",
+				arg);
+			return -EINVAL;
+		} else {
+			c->command = arg;
+		}
+	}
+	if (!c->command) {
+		usage(stderr);
+		return -EINVAL;
+	}
+	return 0;
+}
+
+int main(int argc, char **argv)
+{
+	static const struct {
+		const char *name;
+		int (*run)(struct ctl *c);
+	} commands[] = {
+		{ "status", cmd_status },
+		{ "workers", cmd_workers },
+		{ "map", cmd_map },
+		{ "check", cmd_check },
+	};
+	struct ctl c = { 0 };
+	int ret;
+
+	if (parse(argc, argv, &c) < 0)
+		return 2;
+	for (unsigned k = 0; k < sizeof(commands) / sizeof(commands[0]); k++) {
+		if (strcmp(c.command, commands[k].name))
+			continue;
+		if ((ret = kva_observe(c.socket, &c.a, &c.agent)) < 0) {
+			fprintf(stderr, "kvarena-ctl: %s\n", kva_errmsg());
+			return 1;
+		}
+		ret = commands[k].run(&c);
+		kva_arena_close(c.a);
+		return ret;
+	}
+	fprintf(stderr, "kvarena-ctl: unknown command \"%s\" (status, workers, map, check)\n",
+		c.command);
+	return 2;
+}

@@ -1,0 +1,76 @@
+/* SPDX-License-Identifier: MIT */
+/*
+ * main.c - kvarena-agent: read the configuration, make the arena, serve.
+ */
+#include <errno.h>
+#include <stdio.h>
+#include <string.h>
+
+#include "agent_pvt.h"
+
+/* The number of blocks --memory holds, for the geometry. */
+static int blocks_for_memory(const struct agent_config *c, uint32_t *blocks)
+{
+	struct kva_block_layout l;
+	uint64_t per_block, n;
+
+	if (kva_geometry_layout(&c->geometry, 1, &l) < 0) {
+		log_err("geometry: %s", kva_errmsg());
+		return -EINVAL;
+	}
+	per_block = c->geometry.layout == KVA_LAYOUT_BLOCK_MAJOR
+			    ? l.block_stride
+			    : 2ull * c->geometry.layers * (l.page_bytes + l.scale_bytes);
+	n = c->memory / per_block;
+	if (n > KVA_MAX_BLOCKS)
+		n = KVA_MAX_BLOCKS;
+	/* layer-major pools are rounded up to pages: step down until it fits */
+	while (n && kva_geometry_layout(&c->geometry, (uint32_t)n, &l) == 0 &&
+	       l.data_bytes > c->memory)
+		n--;
+	if (!n) {
+		log_err("--memory %llu bytes holds no block of %llu bytes",
+			(unsigned long long)c->memory, (unsigned long long)per_block);
+		return -EINVAL;
+	}
+	*blocks = (uint32_t)n;
+	return 0;
+}
+
+int main(int argc, char **argv)
+{
+	struct agent_config c;
+	struct kva_arena_opts o;
+	struct kva_arena *a;
+	const struct kva_arena_info *info;
+	int ret = agent_config_parse(argc, argv, &c);
+
+	if (ret)
+		return ret > 0 ? 0 : 2;
+	agent_log_level = c.log_level;
+	if (!c.blocks && blocks_for_memory(&c, &c.blocks) < 0)
+		return 2;
+	o = (struct kva_arena_opts){
+		.blocks = c.blocks, .max_workers = c.max_workers,
+		.cache_blocks = c.worker_cache, .numa_node = c.numa_node, .name = c.name,
+		.flags = c.hugepages ? KVA_ARENA_HUGETLB : 0,
+	};
+	if ((ret = kva_arena_create(&c.geometry, &o, &a)) < 0) {
+		log_err("creating the arena: %s", kva_errmsg());
+		return 1;
+	}
+	info = kva_arena_info(a);
+	log_info("arena \"%s\" (%s backend): %u blocks of %llu KiB (%u tokens x %u layers x K,V x "
+		 "%u kv heads x %u x %s, %s), %.1f MiB data%s, %u worker slots, worker cache %u",
+		 info->name, c.backend, info->blocks,
+		 (unsigned long long)info->layout.block_bytes / 1024, c.geometry.block_tokens,
+		 c.geometry.layers, c.geometry.kv_heads, c.geometry.head_dim,
+		 kva_dtype_name(c.geometry.dtype),
+		 c.geometry.layout == KVA_LAYOUT_BLOCK_MAJOR ? "block-major" : "layer-major",
+		 (double)info->layout.data_bytes / (1 << 20),
+		 info->hugetlb ? " on huge pages" : c.hugepages ? " (no huge pages free: ordinary pages)" : "",
+		 info->max_workers, info->cache_blocks);
+	ret = agent_serve(&c, a);
+	kva_arena_close(a);
+	return ret < 0 ? 1 : 0;
+}
