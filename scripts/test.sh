@@ -5,7 +5,9 @@
 #
 # Trees: build/release (-Dwerror=true), build/asan (address,undefined; UBSan
 # fatal), build/tsan (clang, thread; the tests that run threads in one
-# process). Re-running is cheap: trees are reused, packages not re-installed.
+# process), build/fuzz (clang, libFuzzer with address,undefined; the protocol
+# decoder for FUZZ_SECONDS, default 30). Re-running is cheap: trees are
+# reused, packages not re-installed.
 set -uo pipefail
 cd "$(dirname "$0")/.."
 
@@ -14,7 +16,7 @@ ensure_packages test.sh \
 	build-essential meson ninja-build pkg-config python3 \
 	clang libclang-rt-14-dev \
 	libxxhash-dev libnuma-dev liburing-dev libcmocka-dev \
-	libdpdk-dev ||
+	libsystemd-dev libjson-c-dev libdpdk-dev ||
 	exit 1
 
 # setup DIR [meson options...]: configure once, reconfigure when options change
@@ -60,9 +62,14 @@ CC=clang setup build/tsan --buildtype=debugoptimized -Dwerror=true -Dtests=enabl
 	-Db_sanitize=thread -Db_lundef=false -Ddpdk=disabled
 run tsan build/tsan --suite tsan
 
+CC=clang setup build/fuzz --buildtype=debugoptimized -Dwerror=true -Dtests=enabled \
+	-Dfuzz=enabled -Dfuzz_seconds="${FUZZ_SECONDS:-30}" \
+	-Db_sanitize=address,undefined -Db_lundef=false -Ddpdk=disabled
+run fuzz build/fuzz --suite fuzz
+
 echo
 if ((${#failed[@]})); then
 	echo "test.sh: FAILED: ${failed[*]}"
 	exit 1
 fi
-echo "test.sh: all test runs passed (release, asan+ubsan, tsan)"
+echo "test.sh: all test runs passed (release, asan+ubsan, tsan, fuzz)"

@@ -82,6 +82,16 @@ double bench_median(double *v, unsigned n)
 	return n % 2 ? v[n / 2] : (v[n / 2 - 1] + v[n / 2]) / 2;
 }
 
+double bench_percentile(double *v, unsigned n, double pct)
+{
+	double rank = ceil(pct / 100.0 * n);
+
+	if (!n)
+		return NAN;
+	qsort(v, n, sizeof(*v), cmp_double);
+	return v[rank < 1 ? 0 : rank > n ? n - 1 : (unsigned)rank - 1];
+}
+
 int bench_read_full(int fd, void *buf, size_t len, int timeout_ms)
 {
 	char *p = buf;

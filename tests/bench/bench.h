@@ -166,6 +166,13 @@ int bench_measure_turns(const struct bench_subject *s, const unsigned *procs, un
 double bench_median(double *v, unsigned n);
 
 /*
+ * bench_percentile - the nearest-rank @pct percentile of @v (sorted in
+ * place): the smallest value that at least @pct % of the values do not
+ * exceed. With 20 values the 99th is the largest. NaN when @n is 0.
+ */
+double bench_percentile(double *v, unsigned n, double pct);
+
+/*
  * bench_read_full - read exactly @len bytes from @fd, waiting at most
  * @timeout_ms for each part. Return: 0, -ETIMEDOUT, -EPIPE (end of file
  * first), or a failed poll/read's -errno.
@@ -199,7 +206,9 @@ int bench_line_print(struct bench_line *l);
 
 /* ------------------------------------------------------------ subcommands */
 
-int bench_alloc_main(int argc, char **argv);
+int bench_alloc_main(int argc, char **argv);         /* bench_alloc.c */
+int bench_attach_main(int argc, char **argv);        /* bench_agent.c */
+int bench_reclaim_agent_main(int argc, char **argv); /* bench_agent.c */
 
 /* ----------------------------------------- bench_dpdk.c: the DPDK peer */
 
