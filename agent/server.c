@@ -210,12 +210,13 @@ static int refuse(struct agent *ag, struct client *cl, enum kva__refusal why, co
 	va_start(ap, fmt);
 	vsnprintf(text, sizeof(text), fmt, ap);
 	va_end(ap);
+	/* the log line first: it exists by the time the peer reads why */
+	log_warn("refused pid %d uid %u gid %u (\"%s\"): %s: %s", (int)cl->pid, (unsigned)cl->uid,
+		 (unsigned)cl->gid, cl->name, kva__refusal_name(why), text);
 	kva__msg_init(&m, KVA__MSG_REFUSE);
 	m.refuse.reason = why;
 	kva__msg_str(m.refuse.text, sizeof(m.refuse.text), text);
 	kva__sock_send(cl->fd, &m, NULL, 0);
-	log_warn("refused pid %d uid %u gid %u (\"%s\"): %s: %s", (int)cl->pid, (unsigned)cl->uid,
-		 (unsigned)cl->gid, cl->name, kva__refusal_name(why), text);
 	ag->refused++;
 	client_free(ag, cl);
 	return 0;

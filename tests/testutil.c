@@ -8,6 +8,9 @@
 #include <signal.h>
 #include <sys/mman.h>
 #include <sys/prctl.h>
+#include <sys/stat.h>
+#include <sys/wait.h>
+#include <fcntl.h>
 #include <unistd.h>
 #include <xxhash.h>
 
@@ -373,4 +376,120 @@ void tu_work_drain(struct tu_work *t)
 		if (ret < 0)
 			unexpected(t, "drain free", ret);
 	}
+}
+
+int tu_agent_start(struct tu_agent *ag, const char *path, const char *const *args)
+{
+	const char *argv[32] = { path, "--socket", ag->socket, "--log-level", "debug" };
+	unsigned n = 5;
+
+	memset(ag, 0, sizeof(*ag));
+	argv[2] = ag->socket;
+	snprintf(ag->dir, sizeof(ag->dir), "/tmp/kva-test-XXXXXX");
+	if (!mkdtemp(ag->dir))
+		return -errno;
+	chmod(ag->dir, 0755); /* so that a test can connect as another user */
+	snprintf(ag->socket, sizeof(ag->socket), "%s/agent.sock", ag->dir);
+	snprintf(ag->log, sizeof(ag->log), "%s/agent.log", ag->dir);
+	for (; args && *args && n < 31; args++)
+		argv[n++] = *args;
+	argv[n] = NULL;
+	ag->pid = tu_fork();
+	if (ag->pid < 0)
+		return -errno;
+	if (ag->pid == 0) {
+		int fd = open(ag->log, O_WRONLY | O_CREAT | O_APPEND | O_CLOEXEC, 0644);
+
+		if (fd < 0 || dup2(fd, STDERR_FILENO) < 0)
+			_exit(126);
+		execv(path, (char *const *)argv);
+		_exit(127);
+	}
+	for (int k = 0; k < 500; k++) { /* 5 s */
+		struct kva_arena *a;
+		int status;
+
+		if (kva_observe(ag->socket, &a, NULL) == 0) {
+			kva_arena_close(a);
+			return 0;
+		}
+		if (waitpid(ag->pid, &status, WNOHANG) == ag->pid) {
+			ag->pid = 0;
+			return -ECHILD;
+		}
+		usleep(10000);
+	}
+	return -ETIMEDOUT;
+}
+
+int tu_agent_stop(struct tu_agent *ag, int sig, int timeout_ms, int *status)
+{
+	if (ag->pid <= 0)
+		return -ECHILD;
+	kill(ag->pid, sig);
+	for (int waited = 0; waited <= timeout_ms; waited += 10) {
+		if (waitpid(ag->pid, status, WNOHANG) == ag->pid) {
+			ag->pid = 0;
+			return 0;
+		}
+		usleep(10000);
+	}
+	kill(ag->pid, SIGKILL);
+	waitpid(ag->pid, status, 0);
+	ag->pid = 0;
+	return -ETIMEDOUT;
+}
+
+unsigned tu_agent_log_count(const struct tu_agent *ag, const char *needle)
+{
+	FILE *f = fopen(ag->log, "r");
+	char line[2048];
+	unsigned n = 0;
+
+	if (!f)
+		return 0;
+	while (fgets(line, sizeof(line), f))
+		n += strstr(line, needle) != NULL;
+	fclose(f);
+	return n;
+}
+
+void tu_agent_cleanup(struct tu_agent *ag)
+{
+	int status;
+
+	if (ag->pid > 0)
+		tu_agent_stop(ag, SIGKILL, 1000, &status);
+	unlink(ag->log);
+	unlink(ag->socket);
+	rmdir(ag->dir);
+}
+
+int tu_run(const char *const *argv, char *out, size_t len)
+{
+	int p[2], status;
+	size_t got = 0;
+	pid_t pid;
+
+	if (pipe(p) < 0)
+		return -1;
+	pid = tu_fork();
+	if (pid == 0) {
+		dup2(p[1], STDOUT_FILENO);
+		close(p[0]);
+		execv(argv[0], (char *const *)argv);
+		_exit(127);
+	}
+	close(p[1]);
+	for (;;) {
+		ssize_t n = read(p[0], out + got, len - 1 - got);
+
+		if (n <= 0 || (got += (size_t)n) == len - 1)
+			break;
+	}
+	out[got] = '\0';
+	close(p[0]);
+	if (pid < 0 || waitpid(pid, &status, 0) != pid)
+		return -1;
+	return WIFEXITED(status) ? WEXITSTATUS(status) : -1;
 }

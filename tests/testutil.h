@@ -92,4 +92,26 @@ pid_t tu_fork(void);
 /* The slot that process @pid joined (or is joining), or -1. */
 int tu_slot_of(struct kva_arena *a, pid_t pid);
 
+/* A kvarena-agent process for a test, with its socket and log in a fresh
+ * directory. */
+struct tu_agent {
+	pid_t pid;
+	char dir[64];
+	char socket[108];
+	char log[128];
+};
+/* Start @path with --socket and --log-level debug, then @args (NULL-ended);
+ * returns once it answers observers (0), or -ETIMEDOUT/-ECHILD. */
+int tu_agent_start(struct tu_agent *ag, const char *path, const char *const *args);
+/* Send @sig and wait up to @timeout_ms; *status is waitpid's. -ETIMEDOUT
+ * (the agent is then killed). */
+int tu_agent_stop(struct tu_agent *ag, int sig, int timeout_ms, int *status);
+/* How many lines of the agent's log contain @needle. */
+unsigned tu_agent_log_count(const struct tu_agent *ag, const char *needle);
+/* Remove the agent's directory (its log included). */
+void tu_agent_cleanup(struct tu_agent *ag);
+/* Run @argv, its stdout into @out (NUL-terminated, at most @len - 1 bytes);
+ * returns its exit status, or -1. */
+int tu_run(const char *const *argv, char *out, size_t len);
+
 #endif
