@@ -617,6 +617,76 @@ static void test_workers_keep_working_when_the_agent_dies(void **state)
 	tu_agent_cleanup(&ag);
 }
 
+static void test_corrupt_shared_memory_is_logged_and_skipped(void **state)
+{
+	static const char *const args[] = { "--blocks", "1000", "--check-interval", "0.1", NULL };
+	struct tu_agent ag;
+	struct kva_worker *w;
+	struct kva_arena *a;
+	uint64_t saved[4], saved_l0;
+	uint32_t ids[4];
+	int p[2], status;
+	pid_t victim;
+	char c;
+
+	(void)state;
+	start(&ag, args);
+	assert_int_equal(kva_attach(ag.socket, "scribbler", &w), 0);
+	assert_int_equal(pipe(p), 0);
+	victim = tu_fork();
+	if (victim == 0) {
+		struct kva_worker *v;
+		uint32_t mine[64];
+
+		if (kva_attach(ag.socket, "victim", &v) || kva_alloc(v, 64, mine) ||
+		    kva_share(v, mine, 8) || write(p[1], "r", 1) != 1)
+			_exit(1);
+		pause();
+	}
+	assert_int_equal(read(p[0], &c, 1), 1);
+	assert_int_equal(kva_alloc(w, 4, ids), 0);
+	/* four words no writer of the arena ever stores, over our own blocks;
+	 * and hint bits past the end of the arena */
+	a = w->arena;
+	for (int k = 0; k < 4; k++)
+		saved[k] = atomic_load(&a->desc[ids[k]]);
+	atomic_store(&a->desc[ids[0]], 3ull << 62);                            /* no such kind */
+	atomic_store(&a->desc[ids[1]], kva__d_make(KVA__D_OWNED, 0, 200));     /* slot 200 */
+	atomic_store(&a->desc[ids[2]], kva__d_make(KVA__D_SHARED, 0, 1ull << 47)); /* slot 47 of 48 unused */
+	atomic_store(&a->desc[ids[3]], kva__d_make(KVA__D_SHARED, 0, 0) | (1ull << 60)); /* flags */
+	saved_l0 = atomic_load(&a->l0[a->l0_words - 1]);
+	atomic_fetch_or(&a->l0[a->l0_words - 1], ~0ull);
+	/* a reclaim sweeps over them; a check reads them */
+	kill(victim, SIGKILL);
+	assert_int_equal(waitpid(victim, &status, 0), victim);
+	{
+		struct kva_arena *o = observe(&ag);
+
+		assert_true(gone_from_slots(o, victim, 3000));
+		kva_arena_close(o);
+	}
+	for (int k = 0; k < 300 && !tu_agent_log_count(&ag, "corrupt descriptors"); k++)
+		sleep_us(10000);
+	assert_true(tu_agent_log_count(&ag, "corrupt descriptors") >= 1);
+	assert_int_equal(tu_agent_log_count(&ag, "died holding slot"), 1);
+	/* the agent is alive and serving */
+	{
+		struct kva_worker *x;
+
+		assert_int_equal(kva_attach(ag.socket, "after", &x), 0);
+		kva_detach(x);
+	}
+	for (int k = 0; k < 4; k++)
+		atomic_store(&a->desc[ids[k]], saved[k]);
+	atomic_store(&a->l0[a->l0_words - 1], saved_l0);
+	assert_int_equal(kva_free(w, ids, 4), 0);
+	assert_int_equal(kva_arena_check(a, NULL), 0);
+	kva_detach(w);
+	close(p[0]);
+	close(p[1]);
+	stop_cleanly(&ag);
+}
+
 int main(int argc, char **argv)
 {
 	const struct CMUnitTest tests[] = {
@@ -632,6 +702,7 @@ int main(int argc, char **argv)
 		cmocka_unit_test(test_a_config_file_sets_the_same_keys),
 		cmocka_unit_test(test_observers_are_read_only),
 		cmocka_unit_test(test_workers_keep_working_when_the_agent_dies),
+		cmocka_unit_test(test_corrupt_shared_memory_is_logged_and_skipped),
 	};
 
 	if (argc != 3) {
