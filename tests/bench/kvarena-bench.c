@@ -18,6 +18,10 @@ static const struct subcommand {
 } subcommands[] = {
 	{ "alloc", "block get+put: kvarena against DPDK rte_mempool and a mutex free "
 		   "list; reclaim of a killed worker", bench_alloc_main },
+	{ "attach", "kva_attach and kva_detach against a real kvarena-agent, and a bare "
+		    "connect() to it", bench_attach_main },
+	{ "reclaim-agent", "SIGKILL of an attached worker until the agent has freed its "
+			   "blocks", bench_reclaim_agent_main },
 };
 
 #define N_SUBCOMMANDS (sizeof(subcommands) / sizeof(subcommands[0]))
