@@ -1,19 +1,59 @@
 #!/usr/bin/env bash
 # scripts/demo.sh - on a fresh Debian 12 machine: install what the build
-# needs, build a release tree in build/demo (tests off: the demo needs only
-# the library) and run kvarena-demo with this script's arguments.
+# needs, build a release tree in build/demo (tests off), start a
+# kvarena-agent of the demo's own and run kvarena-demo on it with this
+# script's arguments.
 #
-# The demo creates an arena, forks engine processes that serve a synthetic
-# LLM workload in it, SIGKILLs one half-way, reclaims its blocks while the
-# others go on, and checks at the end that nothing was lost. Its exit status
-# is this script's: 0 only if every check passed. `scripts/demo.sh --help`
-# lists its options.
+# The agent owns the arena (2048 blocks of 32 KiB; --blocks N changes the
+# size), in a fresh temporary directory with its socket and its log. The
+# demo's engine processes attach to it and serve a synthetic LLM workload;
+# one is SIGKILLed half-way and the agent reclaims its blocks while the
+# others go on; at the end the demo checks that nothing was lost, and the
+# agent is stopped with SIGTERM and must exit cleanly. The exit status is 0
+# only if every check passed and the agent stopped cleanly.
+# `scripts/demo.sh --help` lists the demo's options.
 set -uo pipefail
 cd "$(dirname "$0")/.." || exit 1
 
 . scripts/packages.sh
-ensure_packages demo.sh build-essential meson ninja-build pkg-config libxxhash-dev libnuma-dev ||
-	exit 1
+ensure_packages demo.sh build-essential meson ninja-build pkg-config libxxhash-dev libnuma-dev \
+	libsystemd-dev libjson-c-dev || exit 1
+
+# --blocks sets the agent's arena; --workers, the demo's, also the agent's
+# worker slots (one more, for the demo's parent); the rest is the demo's
+agent_flags=()
+demo_args=()
+help=0
+while (($#)); do
+	case $1 in
+	--blocks | --workers)
+		if (($# < 2)); then
+			echo "demo.sh: $1 needs a number" >&2
+			exit 2
+		fi
+		set -- "$1=$2" "${@:3}"
+		continue
+		;;
+	--blocks=*)
+		agent_flags+=(--blocks "${1#*=}")
+		;;
+	--workers=*)
+		n=${1#*=}
+		# in the demo's range (it refuses the others itself)
+		if [[ $n =~ ^[0-9]{1,2}$ ]] && ((10#$n >= 4 && 10#$n <= 47)); then
+			agent_flags+=(--max-workers "$((10#$n + 1))")
+		fi
+		demo_args+=(--workers "$n")
+		;;
+	-h | --help)
+		help=1
+		;;
+	*)
+		demo_args+=("$1")
+		;;
+	esac
+	shift
+done
 
 dir=build/demo
 mkdir -p "$dir"
@@ -34,11 +74,35 @@ if ! ninja -C "$dir" >"$dir/ninja.log" 2>&1; then
 	echo "demo.sh: build failed (log: $dir/ninja.log)" >&2
 	exit 1
 fi
+agent=$dir/agent/kvarena-agent
+ctl=$dir/agent/kvarena-ctl
+demo=$dir/tests/demo/kvarena-demo
 
-echo "== running $dir/tests/demo/kvarena-demo $*"
+if ((help)); then
+	"$demo" --help
+	echo
+	echo "demo.sh also takes --blocks N: the size of the agent's arena (default 2048)"
+	exit 0
+fi
+
+. tests/demo/agent.sh
+echo "== starting $agent" "${agent_geometry[@]}" "${agent_flags[@]}"
+agent_start "$agent" "$ctl" "${agent_flags[@]}" || exit 1
+echo "   pid $agent_pid, socket $agent_socket, log $agent_log"
+
+echo "== running $demo --socket $agent_socket --ctl $ctl" "${demo_args[@]}"
 echo
-"$dir/tests/demo/kvarena-demo" "$@"
+"$demo" --socket "$agent_socket" --ctl "$ctl" "${demo_args[@]}"
 status=$?
 echo
 echo "demo.sh: kvarena-demo exited with status $status"
+
+echo "== stopping kvarena-agent (SIGTERM)"
+if agent_stop; then
+	echo "demo.sh: kvarena-agent exited 0 and removed its socket"
+else
+	status=1
+fi
+echo "== kvarena-agent's log"
+agent_show_log
 exit "$status"

@@ -3,7 +3,8 @@
  * demo.h - what kvarena-demo's parent (kvarena-demo.c) and its engine
  * processes (demo_engine.c) share: the workload's shape, the table in shared
  * memory, and the system prompt's bytes, which both sides compute from the
- * seed.
+ * seed. The arena itself is kvarena-agent's: each side attaches to it on its
+ * own.
  */
 #ifndef KVA_DEMO_H
 #define KVA_DEMO_H
@@ -34,7 +35,8 @@ enum counter {
 	C_WAITS,        /* requests that found the arena full and had to wait */
 	C_PREEMPTIONS,  /* decoding sequences that found it full and were put back */
 	C_DATA_ERRORS,  /* blocks whose contents were not what was written */
-	C_API_ERRORS,   /* library calls that failed in a way they must not */
+	C_API_ERRORS,   /* library calls that failed in a way they must not, and
+			 * the agent stopping or going away during the run */
 	C_LEAKED,       /* blocks still held when leaving: kva_worker_leave() would
 			 * return them, and hide that the engine lost track of them */
 	C_N,
@@ -50,17 +52,17 @@ enum counter {
  */
 struct engine_cell {
 	_Alignas(64) _Atomic uint64_t count[C_N];
-	/* slot, then joined with release; the parent reads slot after an
-	 * acquire load of joined */
+	/* slot (from kva_attach), then joined with release; the parent reads
+	 * slot after an acquire load of joined */
 	int32_t slot;
 	_Atomic uint32_t joined;
 };
 
 /*
  * The memory the parent shares with the engines (MAP_SHARED | MAP_ANONYMOUS,
- * made before the fork). The parent writes prompt_ids, then sets
- * prompt_ready with release; an engine reads the ids after its acquire load
- * of prompt_ready. If the parent dies, the engines die with it
+ * made before the fork; the arena is not in it). The parent writes
+ * prompt_ids, then sets prompt_ready with release; an engine reads the ids
+ * after its acquire load of prompt_ready. If the parent dies, the engines die with it
  * (PR_SET_PDEATHSIG), so no engine waits on a table nobody will fill.
  */
 struct demo_shared {
@@ -96,10 +98,22 @@ static inline uint64_t prompt_word(uint64_t seed, uint32_t k, uint64_t j)
 
 /*
  * demo_engine_main - the body of engine process @index, forked from the
- * parent @parent after it created @inherited; never returns. Exit status 0
- * if every call went as it must and every byte checked was right.
+ * parent @parent: it closes @inherited (the parent's read-only observer
+ * mapping, NULL if none), attaches to the agent at @socket as "engine-@index"
+ * and serves until told to stop; never returns. Exit status 0 if every call
+ * went as it must and every byte checked was right.
  */
-_Noreturn void demo_engine_main(struct kva_arena *inherited, struct demo_shared *sh,
-				unsigned index, uint64_t seed, pid_t parent);
+_Noreturn void demo_engine_main(const char *socket, struct kva_arena *inherited,
+				struct demo_shared *sh, unsigned index, uint64_t seed,
+				pid_t parent);
+
+/*
+ * demo_ctl - run kvarena-ctl (@ctl: a path, or a name looked up in PATH)
+ * with --socket @socket and the NULL-terminated arguments after it; its
+ * output goes to the demo's as it is. Called by the parent only.
+ * Return: 0 when it succeeded; otherwise -1, after saying on stderr why (it
+ * could not be run, it failed, or it took over 10 s and was killed).
+ */
+int demo_ctl(const char *ctl, const char *socket, ...) __attribute__((sentinel));
 
 #endif

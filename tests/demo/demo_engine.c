@@ -12,6 +12,11 @@
  * everything and goes back in line, as vLLM's recompute preemption). Some
  * requests ask for a second sample, which shares the first one's full
  * blocks. Every block carries a stamp that is checked when it is freed.
+ *
+ * The engine attaches to kvarena-agent with kva_attach(), as a serving
+ * engine that is not the demo's child would: nothing of the arena comes
+ * through fork(). It watches its agent connection between steps, and stops
+ * serving if the agent says it is stopping or is gone.
  */
 #include <errno.h>
 #include <inttypes.h>
@@ -36,6 +41,9 @@
  */
 #define QUEUE_CAP SEQS_PER_ENGINE
 #define ERRORS_SHOWN 5u        /* per engine, on stderr; the rest are only counted */
+/* decode steps between two looks at the agent connection: a step is a few
+ * microseconds, and the look a poll() that is nearly always empty */
+#define AGENT_POLL_STEPS 64u
 
 static uint64_t rng_next(uint64_t *state)
 {
@@ -458,13 +466,31 @@ static void engine_step(struct engine *e)
 	engine_publish(e);
 }
 
-_Noreturn void demo_engine_main(struct kva_arena *inherited, struct demo_shared *sh,
-				unsigned index, uint64_t seed, pid_t parent)
+/*
+ * agent_gone - what the agent connection says: false while the agent serves.
+ * A stopping or vanished agent ends the run for this engine (its new
+ * allocations would fail with -ESHUTDOWN, or no one would reclaim it).
+ */
+static bool agent_gone(struct engine *e)
 {
-	struct kva_arena *a;
+	int ret = kva_worker_poll(e->w);
+
+	if (ret == 0)
+		return false;
+	engine_error(e, C_API_ERRORS, "the agent connection: %s (%s)", strerror(-ret),
+		     kva_errmsg());
+	return true;
+}
+
+_Noreturn void demo_engine_main(const char *socket, struct kva_arena *inherited,
+				struct demo_shared *sh, unsigned index, uint64_t seed,
+				pid_t parent)
+{
+	const struct kva_arena_info *info;
 	struct engine *e;
 	struct kva_stats st;
 	char name[32];
+	unsigned steps = 0;
 	int ret;
 
 	/* an engine lives no longer than the demo, and Ctrl-C is the parent's
@@ -475,33 +501,29 @@ _Noreturn void demo_engine_main(struct kva_arena *inherited, struct demo_shared 
 	signal(SIGINT, SIG_IGN);
 	signal(SIGTERM, SIG_DFL);
 
-	/* a mapping of its own, as a process that was handed the fds would make;
-	 * the one inherited through fork() goes */
-	ret = kva_arena_open(kva_arena_meta_fd(inherited), kva_arena_data_fd(inherited), &a);
-	kva_arena_close(inherited);
-	if (ret < 0) {
-		fprintf(stderr, "engine-%u: kva_arena_open: %s (%s)\n", index, strerror(-ret),
-			kva_errmsg());
-		_exit(1);
-	}
+	/* the parent's read-only mapping came through fork(): the engine
+	 * gets its own from the agent, as any process would */
+	if (inherited)
+		kva_arena_close(inherited);
 	e = calloc(1, sizeof(*e));
 	if (!e)
 		_exit(1);
 	snprintf(name, sizeof(name), "engine-%u", index);
-	if ((ret = kva_worker_join(a, name, &e->w)) < 0) {
-		fprintf(stderr, "%s: kva_worker_join: %s (%s)\n", name, strerror(-ret),
+	if ((ret = kva_attach(socket, name, &e->w)) < 0) {
+		fprintf(stderr, "%s: kva_attach(%s): %s (%s)\n", name, socket, strerror(-ret),
 			kva_errmsg());
 		_exit(1);
 	}
+	info = kva_arena_info(kva_worker_arena(e->w));
 	e->cell = &sh->cells[index];
 	e->index = index;
 	e->rng = seed ^ mix64(index + 1);
 	e->next_tag = (uint64_t)(index + 1) << 48;
-	e->block_bytes = kva_arena_info(a)->layout.block_bytes;
-	e->head_stride = kva_arena_info(a)->layout.head_stride;
-	e->token_stride = kva_arena_info(a)->layout.token_stride;
-	e->layers = kva_arena_info(a)->geometry.layers;
-	e->kv_heads = kva_arena_info(a)->geometry.kv_heads;
+	e->block_bytes = info->layout.block_bytes;
+	e->head_stride = info->layout.head_stride;
+	e->token_stride = info->layout.token_stride;
+	e->layers = info->geometry.layers;
+	e->kv_heads = info->geometry.kv_heads;
 	e->cell->slot = kva_worker_slot(e->w);
 	/* release: slot is written before the parent sees joined (acquire) */
 	atomic_store_explicit(&e->cell->joined, 1, memory_order_release);
@@ -517,6 +539,8 @@ _Noreturn void demo_engine_main(struct kva_arena *inherited, struct demo_shared 
 		e->prompt_sum[k] = prompt_checksum(seed, k, e->block_bytes / 8);
 
 	while (!atomic_load_explicit(&sh->stop, memory_order_relaxed)) {
+		if (++steps % AGENT_POLL_STEPS == 0 && agent_gone(e))
+			break;
 		engine_step(e);
 		/* nothing in flight: the arena is full of the others' blocks,
 		 * which only time gives back */
@@ -537,7 +561,7 @@ _Noreturn void demo_engine_main(struct kva_arena *inherited, struct demo_shared 
 			e->count[C_LEAKED] += me->owned - me->cached;
 	}
 	engine_publish(e);
-	kva_worker_leave(e->w);
-	kva_arena_close(a);
+	/* leave (the cache goes back), tell the agent, unmap */
+	kva_detach(e->w);
 	_exit(e->count[C_API_ERRORS] || e->count[C_DATA_ERRORS] || e->count[C_LEAKED] ? 1 : 0);
 }

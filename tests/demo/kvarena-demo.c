@@ -1,26 +1,30 @@
 /* SPDX-License-Identifier: MIT */
 /*
- * kvarena-demo - one arena shared by several serving-engine processes, one
- * of them SIGKILLed half-way, and nothing lost.
+ * kvarena-demo - one kvarena-agent's arena shared by several serving-engine
+ * processes, one of them SIGKILLed half-way, and nothing lost.
  *
- * The parent creates the arena (embedded: there is no agent yet) and forks
- * the engines. Each engine maps the arena on its own from the two region fds
- * and joins as a worker. The parent joins too, as the holder of a 32-block
- * system prompt that it writes and shares; every request of every engine
- * takes references on those blocks (prefix sharing across processes) and
- * allocates the rest of its prompt and its output as it decodes, with
- * continuous batching, preemption on a full arena and occasional forks for
- * parallel sampling, as vLLM does.
+ * The arena is the agent's (scripts/demo.sh starts one). The parent maps it
+ * read-only with kva_observe() for its progress line and its checks, and
+ * forks the engines; each engine attaches to the agent on its own with
+ * kva_attach(), as a process that is not the demo's child would. The parent
+ * attaches a worker too, as the holder of a 32-block system prompt that it
+ * writes and shares; every request of every engine takes references on
+ * those blocks (prefix sharing across processes) and allocates the rest of
+ * its prompt and its output as it decodes, with continuous batching,
+ * preemption on a full arena and occasional forks for parallel sampling, as
+ * vLLM does.
  *
- * At --kill-at the parent SIGKILLs the engine holding the most blocks,
- * prints the block map, takes back everything the dead engine held with
- * kva_arena_reclaim() while the others keep serving, and prints the map
- * again. At the end every engine frees what it holds and leaves, and the
- * arena must be exactly empty.
+ * At --kill-at the parent SIGKILLs the engine holding the most blocks and
+ * does not touch its slot: the agent sees the process die (a pidfd) and
+ * takes back everything it held while the others keep serving. The parent
+ * shows the block map as the death leaves it and again once the agent gave
+ * the slot back, with kvarena-ctl, and measures how long that took. At the
+ * end every engine frees what it holds and detaches, and the arena must be
+ * exactly empty.
  *
  * Exit status: 0 if the arena check passed, every block is free, no data
- * was found changed and the killed engine's blocks all came back;
- * 1 otherwise; 2 bad usage.
+ * was found changed and the killed engine's slot came back from the agent
+ * with nothing of it left; 1 otherwise; 2 bad usage.
  */
 #include <errno.h>
 #include <getopt.h>
@@ -36,10 +40,10 @@
 
 #include "demo.h"
 
-static const struct kva_geometry demo_geometry = {
-	.block_tokens = BLOCK_TOKENS, .layers = 4, .kv_heads = 2, .head_dim = 64,
-	.dtype = KVA_F16, .layout = KVA_LAYOUT_BLOCK_MAJOR,
-};
+#define MIN_BLOCKS 512u               /* room for the prompt and every engine's batch */
+#define START_TIMEOUT_NS 10000000000ull  /* an engine attaches within this */
+#define RECLAIM_TIMEOUT_NS 5000000000ull /* the agent gives a dead engine's slot back */
+#define LEAVE_TIMEOUT_NS 10000000000ull  /* an engine frees everything and detaches */
 
 static uint64_t now_ns(void)
 {
@@ -64,7 +68,8 @@ static const char *human(char buf[16], double v)
 }
 
 struct options {
-	uint32_t blocks;
+	const char *socket;   /* the agent's */
+	const char *ctl;      /* kvarena-ctl: a path, or a name looked up in PATH */
 	unsigned workers;
 	double seconds, kill_at;
 	uint64_t seed;
@@ -73,20 +78,23 @@ struct options {
 struct engine_proc {
 	pid_t pid;
 	int32_t slot;
+	uint32_t generation; /* of its slot while it held it: the agent's reclaim bumps it */
 	bool alive;
 	bool killed;
-	int status;        /* waitpid() status once it is gone */
+	int status;          /* waitpid() status once it is gone */
 };
 
 struct kill_record {
 	bool done;
 	unsigned engine;
 	double at;              /* seconds into the run */
-	uint32_t held_owned;    /* what its slot held once it was dead, before reclaim */
+	int32_t slot;
+	uint32_t held_owned;    /* what its slot held at the SIGKILL */
 	uint32_t held_shared;
-	int reclaim_ret;
-	struct kva_reclaim_report report;
-	bool all_returned;
+	bool returned;          /* the agent gave the slot back in time */
+	double death_ms;        /* from the SIGKILL until waitpid() saw the engine gone */
+	double reclaim_ms;      /* from the SIGKILL until the slot was seen free */
+	bool all_returned;      /* ... and nothing of it is left in the arena */
 };
 
 static volatile sig_atomic_t interrupted;
@@ -100,22 +108,32 @@ static void on_interrupt(int sig)
 static void usage(FILE *f)
 {
 	fprintf(f,
-		"usage: kvarena-demo [--blocks N] [--workers N] [--seconds S] [--kill-at S]\n"
-		"                    [--seed N]\n"
+		"usage: kvarena-demo --socket PATH [--ctl PATH] [--workers N] [--seconds S]\n"
+		"                    [--kill-at S] [--seed N]\n"
 		"\n"
-		"  --blocks N    arena size in 32 KiB blocks (default 2048, at least 512)\n"
-		"  --workers N   engine processes (default 4, 4..%u)\n"
-		"  --seconds S   length of the run (default 6)\n"
-		"  --kill-at S   when to SIGKILL one engine (default half of --seconds)\n"
-		"  --seed N      seed of the workload and of the system prompt's bytes\n"
-		"                (default 1)\n",
-		KVA_MAX_WORKERS - 1);
+		"Serves a synthetic LLM workload from engine processes attached to the\n"
+		"kvarena-agent at --socket, SIGKILLs one of them, lets the agent reclaim it\n"
+		"and checks that nothing was lost. The arena is the agent's, and must be\n"
+		"unused when the demo starts: block-major, %u tokens per block, at least %u\n"
+		"blocks (scripts/demo.sh starts such an agent; its --blocks N sets the size).\n"
+		"\n"
+		"  --socket PATH  the agent's socket (required)\n"
+		"  --ctl PATH     kvarena-ctl, run to show the agent's map and status\n"
+		"                 (default: kvarena-ctl from PATH)\n"
+		"  --workers N    engine processes (default 4, 4..%u; each takes a worker\n"
+		"                 slot, and the parent one more)\n"
+		"  --seconds S    length of the run (default 6)\n"
+		"  --kill-at S    when to SIGKILL one engine (default half of --seconds)\n"
+		"  --seed N       seed of the workload and of the system prompt's bytes\n"
+		"                 (default 1)\n",
+		BLOCK_TOKENS, MIN_BLOCKS, KVA_MAX_WORKERS - 1);
 }
 
 static int parse_options(int argc, char **argv, struct options *o)
 {
 	static const struct option longopts[] = {
-		{ "blocks", required_argument, NULL, 'b' },
+		{ "socket", required_argument, NULL, 'S' },
+		{ "ctl", required_argument, NULL, 'c' },
 		{ "workers", required_argument, NULL, 'w' },
 		{ "seconds", required_argument, NULL, 's' },
 		{ "kill-at", required_argument, NULL, 'k' },
@@ -127,21 +145,18 @@ static int parse_options(int argc, char **argv, struct options *o)
 	char *end;
 	int c;
 
-	*o = (struct options){ .blocks = 2048, .workers = 4, .seconds = 6, .seed = 1 };
+	*o = (struct options){ .ctl = "kvarena-ctl", .workers = 4, .seconds = 6, .seed = 1 };
 	while ((c = getopt_long(argc, argv, "h", longopts, NULL)) != -1) {
 		unsigned long long v;
 		double d;
 
 		errno = 0;
 		switch (c) {
-		case 'b':
-			v = strtoull(optarg, &end, 10);
-			if (errno || *end || v < 512 || v > KVA_MAX_BLOCKS) {
-				fprintf(stderr, "kvarena-demo: --blocks: 512..%u\n",
-					KVA_MAX_BLOCKS);
-				return -EINVAL;
-			}
-			o->blocks = (uint32_t)v;
+		case 'S':
+			o->socket = optarg;
+			break;
+		case 'c':
+			o->ctl = optarg;
 			break;
 		case 'w':
 			v = strtoull(optarg, &end, 10);
@@ -188,6 +203,11 @@ static int parse_options(int argc, char **argv, struct options *o)
 		usage(stderr);
 		return -EINVAL;
 	}
+	if (!o->socket || !*o->socket) {
+		fprintf(stderr, "kvarena-demo: --socket PATH is required: the demo runs on a "
+			"kvarena-agent (scripts/demo.sh starts one)\n");
+		return -EINVAL;
+	}
 	if (!kill_given)
 		o->kill_at = o->seconds / 2;
 	if (o->kill_at >= o->seconds) {
@@ -200,11 +220,14 @@ static int parse_options(int argc, char **argv, struct options *o)
 
 struct demo {
 	struct options opt;
-	struct kva_arena *a;
-	struct kva_worker *prompt_holder;  /* the parent's slot */
+	struct kva_arena *obs;             /* read-only, from kva_observe() */
+	struct kva_agent_info agent;
+	struct kva_worker *prompt_holder;  /* the parent's slot, from kva_attach() */
 	uint32_t prompt_ids[PROMPT_BLOCKS];
 	uint32_t prompt_left;   /* blocks the parent still held before it left */
 	unsigned parent_errors; /* the parent's calls that failed at the end */
+	unsigned ctl_failures;  /* kvarena-ctl runs that failed */
+	bool agent_lost;        /* the agent stopped or went away during the run */
 	struct demo_shared *sh;
 	size_t sh_bytes;
 	struct engine_proc *engines;
@@ -229,7 +252,69 @@ static uint64_t total(const struct demo *d, enum counter c)
 	return sum;
 }
 
-/* Stop what was started after a failure in the parent: no engine outlives it. */
+/*
+ * Every kvarena-ctl run goes through here, so that a failed one fails the
+ * demo: the ops tool is part of what it shows. (A macro, since a variadic
+ * function cannot pass its arguments on to another.)
+ */
+#define run_ctl(d, ...)                                                           \
+	do {                                                                      \
+		if (demo_ctl((d)->opt.ctl, (d)->opt.socket, __VA_ARGS__, (char *)NULL) < 0) \
+			(d)->ctl_failures++;                                      \
+	} while (0)
+
+/*
+ * arena_fits - the agent's arena is one this demo can run in and check:
+ * the geometry the engines write, room for them, and nobody else in it (the
+ * run ends by checking that it is exactly empty).
+ */
+static int arena_fits(struct demo *d)
+{
+	const struct kva_arena_info *info = kva_arena_info(d->obs);
+	enum kva_agent_state state = kva_arena_agent(d->obs, NULL);
+	struct kva_stats st;
+	int ret;
+
+	if ((ret = kva_arena_stats(d->obs, &st)) < 0) {
+		fprintf(stderr, "kvarena-demo: kva_arena_stats: %s\n", strerror(-ret));
+		return ret;
+	}
+	if (state != KVA_AGENT_RUNNING) {
+		fprintf(stderr, "kvarena-demo: the agent is %s\n",
+			state == KVA_AGENT_STOPPING ? "stopping" : "not running");
+		return -ESHUTDOWN;
+	}
+	if (info->geometry.layout != KVA_LAYOUT_BLOCK_MAJOR ||
+	    info->geometry.block_tokens != BLOCK_TOKENS) {
+		fprintf(stderr, "kvarena-demo: the agent's blocks are %u tokens, %s; the demo "
+			"writes whole %u-token blocks and needs block-major ones\n",
+			info->geometry.block_tokens,
+			info->geometry.layout == KVA_LAYOUT_BLOCK_MAJOR ? "block-major"
+									  : "layer-major",
+			BLOCK_TOKENS);
+		return -EINVAL;
+	}
+	if (info->blocks < MIN_BLOCKS) {
+		fprintf(stderr, "kvarena-demo: the agent's arena has %u blocks; the demo needs at "
+			"least %u\n", info->blocks, MIN_BLOCKS);
+		return -EINVAL;
+	}
+	if (st.workers || st.free_blocks != st.total_blocks) {
+		fprintf(stderr, "kvarena-demo: the agent's arena is in use (%u workers, %u blocks "
+			"held); the demo ends by checking that it is empty, so it needs an agent "
+			"of its own\n", st.workers, st.total_blocks - st.free_blocks);
+		return -EBUSY;
+	}
+	if (st.max_workers < d->opt.workers + 1) {
+		fprintf(stderr, "kvarena-demo: the agent has %u worker slots; %u engines and the "
+			"parent need %u\n", st.max_workers, d->opt.workers, d->opt.workers + 1);
+		return -EUSERS;
+	}
+	return 0;
+}
+
+/* Stop what was started after a failure in the parent: no engine outlives
+ * it, and the agent reclaims what they held. */
 static void engines_kill_all(struct demo *d)
 {
 	for (unsigned k = 0; k < d->opt.workers; k++)
@@ -241,21 +326,24 @@ static void engines_kill_all(struct demo *d)
 }
 
 /*
- * engines_start - fork the engines one by one, each joined before the next
- * starts, so that engine-K has slot K and the map's characters read as the
- * engines' numbers.
+ * engines_start - fork the engines one by one, each attached before the
+ * next starts, so that on a fresh agent engine-K has slot K and the map's
+ * characters read as the engines' numbers.
  */
 static int engines_start(struct demo *d)
 {
 	pid_t parent = getpid();
 
-	fflush(stdout);
-	fflush(stderr);
 	for (unsigned k = 0; k < d->opt.workers; k++) {
 		struct engine_proc *p = &d->engines[k];
-		uint64_t deadline = now_ns() + 10ull * 1000000000ull;
-		pid_t pid = fork();
+		uint64_t deadline = now_ns() + START_TIMEOUT_NS;
+		enum kva_slot_state state;
+		int32_t holder;
+		pid_t pid;
 
+		fflush(stdout);
+		fflush(stderr);
+		pid = fork();
 		if (pid < 0) {
 			int err = errno;
 
@@ -263,42 +351,51 @@ static int engines_start(struct demo *d)
 			return -err;
 		}
 		if (pid == 0)
-			demo_engine_main(d->a, d->sh, k, d->opt.seed, parent);
+			demo_engine_main(d->opt.socket, d->obs, d->sh, k, d->opt.seed, parent);
 		p->pid = pid;
 		p->alive = true;
 		/* acquire: pairs with the engine's release after it wrote its slot */
 		while (!atomic_load_explicit(&d->sh->cells[k].joined, memory_order_acquire)) {
 			if (waitpid(pid, &p->status, WNOHANG) == pid) {
 				p->alive = false;
-				fprintf(stderr, "kvarena-demo: engine-%u exited before joining "
+				fprintf(stderr, "kvarena-demo: engine-%u exited before attaching "
 					"(status %#x)\n", k, p->status);
 				return -ECHILD;
 			}
 			if (now_ns() > deadline) {
-				fprintf(stderr, "kvarena-demo: engine-%u did not join in 10 s\n",
-					k);
+				fprintf(stderr, "kvarena-demo: engine-%u did not attach in %llu s\n",
+					k, START_TIMEOUT_NS / 1000000000ull);
 				return -ETIMEDOUT;
 			}
 			sleep_ns(1000000);
 		}
 		p->slot = d->sh->cells[k].slot;
+		/* the generation its slot has while it holds it: the agent's
+		 * reclaim moves it on */
+		if (kva_arena_slot(d->obs, (uint32_t)p->slot, &state, &p->generation, &holder) < 0 ||
+		    state != KVA_SLOT_LIVE || holder != pid) {
+			fprintf(stderr, "kvarena-demo: engine-%u says slot %d, which the arena does "
+				"not show as its own\n", k, (int)p->slot);
+			return -EPROTO;
+		}
 	}
 	return 0;
 }
 
 /*
- * prompt_publish - the system prompt: take 32 blocks, write every byte, share
- * them and keep one reference for the whole run (a prefix cache entry that
- * outlives each request), then post the ids for the engines.
+ * prompt_publish - the system prompt: attach the parent's own worker, take
+ * 32 blocks, write every byte, share them and keep one reference for the
+ * whole run (a prefix cache entry that outlives each request), then post
+ * the ids for the engines.
  */
 static int prompt_publish(struct demo *d)
 {
-	const struct kva_arena_info *info = kva_arena_info(d->a);
+	const struct kva_arena_info *info = kva_arena_info(d->obs);
 	size_t words = info->layout.block_bytes / 8;
 	int ret;
 
-	if ((ret = kva_worker_join(d->a, "system-prompt", &d->prompt_holder)) < 0) {
-		fprintf(stderr, "kvarena-demo: kva_worker_join: %s (%s)\n", strerror(-ret),
+	if ((ret = kva_attach(d->opt.socket, "system-prompt", &d->prompt_holder)) < 0) {
+		fprintf(stderr, "kvarena-demo: kva_attach: %s (%s)\n", strerror(-ret),
 			kva_errmsg());
 		return ret;
 	}
@@ -335,10 +432,11 @@ static int prompt_publish(struct demo *d)
 #define BAR_WIDTH 8
 
 /* what the parent's slot still holds once it dropped the prompt: nothing, or
- * kva_worker_leave() would be hiding a lost reference */
+ * kva_detach() would be hiding a lost reference */
 static void prompt_holder_check(struct demo *d)
 {
 	struct kva_stats st;
+	int slot = kva_worker_slot(d->prompt_holder);
 	int ret = kva_stats(d->prompt_holder, &st);
 
 	if (ret < 0) {
@@ -346,8 +444,7 @@ static void prompt_holder_check(struct demo *d)
 		d->parent_errors++;
 		return;
 	}
-	d->prompt_left = st.slots[kva_worker_slot(d->prompt_holder)].owned +
-			 st.slots[kva_worker_slot(d->prompt_holder)].shared;
+	d->prompt_left = st.slots[slot].owned + st.slots[slot].shared;
 }
 
 static void progress_line(struct demo *d, double el)
@@ -359,7 +456,7 @@ static void progress_line(struct demo *d, double el)
 	double dt = (double)(t - d->last_ns) / 1e9;
 	unsigned filled = (unsigned)(BAR_WIDTH * (el / d->opt.seconds));
 
-	if (kva_arena_stats(d->a, &st) < 0)
+	if (kva_arena_stats(d->obs, &st) < 0)
 		return;
 	if (filled > BAR_WIDTH)
 		filled = BAR_WIDTH;
@@ -384,28 +481,58 @@ static void progress_clear(struct demo *d)
 		fputs("\r\033[K", stdout);
 }
 
+/*
+ * slot_given_back - wait until the agent has reclaimed @p's slot: FREE, or
+ * taken by someone else under a newer generation. Polled on the observer
+ * mapping until @deadline. Return: true, with the time it was seen in @seen.
+ */
+static bool slot_given_back(struct demo *d, const struct engine_proc *p, uint64_t deadline,
+			    uint64_t *seen)
+{
+	for (;;) {
+		enum kva_slot_state state;
+		uint32_t gen;
+
+		*seen = now_ns();
+		if (kva_arena_slot(d->obs, (uint32_t)p->slot, &state, &gen, NULL) < 0)
+			return false;
+		if (state == KVA_SLOT_FREE ||
+		    (state != KVA_SLOT_RECLAIMING && gen != p->generation))
+			return true;
+		if (*seen > deadline)
+			return false;
+		sleep_ns(100000);
+	}
+}
+
 static void print_reclaim_line(const struct demo *d)
 {
 	const struct kill_record *k = &d->kill;
 
-	if (k->reclaim_ret < 0) {
-		printf("  reclaim of engine-%u (pid %d) failed: %s\n", k->engine,
-		       (int)d->engines[k->engine].pid, strerror(-k->reclaim_ret));
-		return;
-	}
-	printf("  reclaim: engine-%u (pid %d, slot %u) killed at %.1fs: %u owned blocks returned, "
-	       "its hold on %u shared blocks dropped (%u of them freed), %u free-block hints repaired, "
-	       "%.3f ms%s\n",
-	       k->engine, (int)k->report.pid, k->report.slot, k->at, k->report.owned_freed,
-	       k->report.shared_dropped, k->report.shared_freed, k->report.hints_repaired,
-	       (double)k->report.elapsed_ns / 1e6,
-	       k->all_returned ? "" : "  -- NOT everything it held came back");
+	printf("  reclaim: engine-%u (pid %d, slot %d) SIGKILLed at %.1fs holding %u blocks of "
+	       "its own (cache included) and references on %u shared blocks: ", k->engine,
+	       (int)d->engines[k->engine].pid, (int)k->slot, k->at, k->held_owned,
+	       k->held_shared);
+	if (!k->returned)
+		printf("the agent did NOT give its slot back in %llu s\n",
+		       RECLAIM_TIMEOUT_NS / 1000000000ull);
+	else
+		printf("its slot was free again %.3f ms after the SIGKILL (the process took "
+		       "%.3f ms to die, the agent %.3f ms more to see it and reclaim)%s\n",
+		       k->reclaim_ms, k->death_ms, k->reclaim_ms - k->death_ms,
+		       k->all_returned ? "" : "  -- NOT everything it held came back");
 }
 
 /*
  * kill_one - SIGKILL the engine holding the most blocks, show the map with
- * its blocks still in it, reclaim its slot while the others run, show the
- * map again. Returns false when no engine holds a block yet (try later).
+ * its blocks in it, wait for the agent to reclaim its slot while the others
+ * run, and show the agent's status and map again. Returns false when no
+ * engine holds a block yet (try later).
+ *
+ * The engine is stopped (SIGSTOP) first: the agent reclaims within a
+ * millisecond of the death, sooner than kvarena-ctl can start, so the map
+ * that shows what the death leaves behind is taken with the engine frozen,
+ * holding exactly what its SIGKILL then leaves.
  */
 static bool kill_one(struct demo *d, double el)
 {
@@ -413,10 +540,11 @@ static bool kill_one(struct demo *d, double el)
 	struct kva_stats st;
 	struct kva_check_report cr;
 	uint32_t best_held = 0;
-	int best = -1, slot = -1;
+	uint64_t t_kill, t_dead, t_free;
+	int best = -1, ws = 0;
 	struct engine_proc *p;
 
-	if (kva_arena_stats(d->a, &st) < 0)
+	if (kva_arena_stats(d->obs, &st) < 0)
 		return false;
 	for (unsigned e = 0; e < d->opt.workers; e++) {
 		struct kva_slot_stats *s = &st.slots[d->engines[e].slot];
@@ -429,75 +557,66 @@ static bool kill_one(struct demo *d, double el)
 	if (best < 0)
 		return false;
 	p = &d->engines[best];
-	kill(p->pid, SIGKILL);
-	waitpid(p->pid, &p->status, 0);
-	p->alive = false;
-	p->killed = true;
+	progress_clear(d);
+	/* an engine that is not reaped yet takes signals, even as a zombie:
+	 * waitpid() says whether it stopped or ended on its own just now */
+	kill(p->pid, SIGSTOP);
+	if (waitpid(p->pid, &ws, WUNTRACED) != p->pid || !WIFSTOPPED(ws)) {
+		/* a failure the report shows */
+		p->alive = false;
+		p->status = ws;
+		fprintf(stderr, "kvarena-demo: engine-%u (pid %d) ended on its own at %.1fs "
+			"(status %#x); the agent reclaims its slot\n", best, (int)p->pid, el, ws);
+		return false;
+	}
 	k->done = true;
 	k->engine = (unsigned)best;
 	k->at = el;
-
-	/* the dead engine's holdings are frozen now: nobody else may touch its
-	 * owned blocks, and its holder bits go only through reclaim */
-	kva_arena_stats(d->a, &st);
-	for (uint32_t s = 0; s < st.max_workers; s++)
-		if (st.slots[s].state != KVA_SLOT_FREE && st.slots[s].pid == p->pid)
-			slot = (int)s;
-	progress_clear(d);
-	if (slot < 0) {
-		printf("\n  SIGKILL engine-%u (pid %d) at %.1fs: its slot is not in the arena\n",
-		       best, (int)p->pid, el);
-		k->reclaim_ret = -ENOENT;
-		return true;
-	}
-	k->held_owned = st.slots[slot].owned;
-	k->held_shared = st.slots[slot].shared;
-	printf("\n  SIGKILL engine-%u (pid %d, slot %d) at %.1fs: it held %u blocks of its own "
+	k->slot = p->slot;
+	/* frozen: what its slot holds now is what the SIGKILL leaves */
+	kva_arena_stats(d->obs, &st);
+	k->held_owned = st.slots[p->slot].owned;
+	k->held_shared = st.slots[p->slot].shared;
+	printf("\n  SIGKILL engine-%u (pid %d, slot %d) at %.1fs: it holds %u blocks of its own "
 	       "(cache included) and references on %u shared blocks\n",
-	       best, (int)p->pid, slot, el, k->held_owned, k->held_shared);
-	printf("  block map before reclaim (engine-%u's blocks are '%c'):\n", best,
-	       kva_slot_char((uint32_t)slot));
-	kva_arena_map_print(d->a, stdout, 64, 16);
+	       best, (int)p->pid, (int)p->slot, el, k->held_owned, k->held_shared);
+	printf("  kvarena-ctl map, as the kill leaves it (engine-%u's blocks are '%c'; it was "
+	       "stopped for this picture):\n", best, kva_slot_char((uint32_t)p->slot));
+	run_ctl(d, "map", "--width", "64", "--rows", "16");
 
-	k->reclaim_ret = kva_arena_reclaim(d->a, (uint32_t)slot, &k->report);
-	kva_arena_stats(d->a, &st);
-	kva_arena_check(d->a, &cr);
-	/* All of it came back: the counts match what it held, no descriptor
-	 * names the slot any more, and no holder bit of a dead slot is left.
-	 * (The other engines are running: of the check, only what cannot be
-	 * transient is looked at.) */
-	k->all_returned = k->reclaim_ret == 0 && k->report.owned_freed == k->held_owned &&
-			  k->report.shared_dropped == k->held_shared &&
-			  st.slots[slot].state == KVA_SLOT_FREE && st.slots[slot].owned == 0 &&
-			  st.slots[slot].shared == 0 && cr.stale_owners == 0 &&
-			  cr.dead_holders == 0 && cr.bad_descriptors == 0;
+	kill(p->pid, SIGKILL);
+	t_kill = now_ns();
+	waitpid(p->pid, &p->status, 0);
+	t_dead = now_ns();
+	p->alive = false;
+	p->killed = true;
+	/* the agent's turn: its pidfd of the engine fires, it reclaims */
+	k->returned = slot_given_back(d, p, t_kill + RECLAIM_TIMEOUT_NS, &t_free);
+	k->death_ms = (double)(t_dead - t_kill) / 1e6;
+	k->reclaim_ms = (double)(t_free - t_kill) / 1e6;
+	kva_arena_stats(d->obs, &st);
+	kva_arena_check(d->obs, &cr);
+	/* All of it came back: the slot is free and holds nothing, no
+	 * descriptor names it any more, and no holder bit of a dead slot is
+	 * left. (The other engines are running: of the check, only what
+	 * cannot be transient is looked at.) */
+	k->all_returned = k->returned && st.slots[p->slot].state == KVA_SLOT_FREE &&
+			  st.slots[p->slot].owned == 0 && st.slots[p->slot].shared == 0 &&
+			  cr.stale_owners == 0 && cr.dead_holders == 0 && cr.bad_descriptors == 0;
 	print_reclaim_line(d);
-	printf("  block map after reclaim (the other engines kept serving):\n");
-	kva_arena_map_print(d->a, stdout, 64, 16);
+	printf("  kvarena-ctl status:\n");
+	run_ctl(d, "status");
+	printf("  kvarena-ctl map, after the agent's reclaim (the other engines kept serving):\n");
+	run_ctl(d, "map", "--width", "64", "--rows", "16");
 	printf("\n");
 	fflush(stdout);
 	return true;
 }
 
-/* reclaim_dead - take back what a dead engine left in its slot, if anything */
-static void reclaim_dead(struct demo *d, struct engine_proc *p)
-{
-	struct kva_reclaim_report r;
-	int ret = kva_arena_reclaim(d->a, (uint32_t)p->slot, &r);
-
-	if (ret == 0)
-		fprintf(stderr, "kvarena-demo: reclaim of pid %d: %u owned blocks returned, %u "
-			"references dropped, %.3f ms\n", (int)p->pid, r.owned_freed,
-			r.shared_dropped, (double)r.elapsed_ns / 1e6);
-	else if (ret != -ENOENT) /* ENOENT: it had left its slot before it ended */
-		fprintf(stderr, "kvarena-demo: reclaim of slot %d: %s (%s)\n", p->slot,
-			strerror(-ret), kva_errmsg());
-}
-
 /*
  * reap_unexpected - an engine that died without being killed (a crash, or
- * someone else's SIGKILL) is a failure of the run, but its blocks must not
- * be: the parent takes them back as it does for the one it kills.
+ * someone else's SIGKILL) is a failure of the run; its blocks are the
+ * agent's to take back, as for the one the parent kills.
  */
 static void reap_unexpected(struct demo *d, double el)
 {
@@ -509,19 +628,20 @@ static void reap_unexpected(struct demo *d, double el)
 		p->alive = false;
 		progress_clear(d);
 		fprintf(stderr, "kvarena-demo: engine-%u (pid %d) ended on its own at %.1fs "
-			"(status %#x)\n", e, (int)p->pid, el, p->status);
-		reclaim_dead(d, p);
+			"(status %#x); the agent reclaims its slot\n", e, (int)p->pid, el,
+			p->status);
 	}
 }
 
 /*
  * engines_stop - raise the stop flag and wait for every engine to free what
- * it holds and leave. One that has not left after 10 s is stuck: it is
- * killed and its slot reclaimed, and the run fails (its exit status says so).
+ * it holds and detach. One that has not left after 10 s is stuck: it is
+ * killed, the agent reclaims its slot, and the run fails (its exit status
+ * says so).
  */
 static void engines_stop(struct demo *d)
 {
-	uint64_t deadline = now_ns() + 10ull * 1000000000ull;
+	uint64_t deadline = now_ns() + LEAVE_TIMEOUT_NS;
 
 	atomic_store_explicit(&d->sh->stop, 1, memory_order_relaxed);
 	for (unsigned e = 0; e < d->opt.workers; e++) {
@@ -530,10 +650,10 @@ static void engines_stop(struct demo *d)
 		while (p->alive && waitpid(p->pid, &p->status, WNOHANG) == 0) {
 			if (now_ns() > deadline) {
 				fprintf(stderr, "kvarena-demo: engine-%u (pid %d) did not leave in "
-					"10 s: killing it\n", e, (int)p->pid);
+					"%llu s: killing it\n", e, (int)p->pid,
+					LEAVE_TIMEOUT_NS / 1000000000ull);
 				kill(p->pid, SIGKILL);
 				waitpid(p->pid, &p->status, 0);
-				reclaim_dead(d, p);
 				break;
 			}
 			sleep_ns(1000000);
@@ -542,15 +662,38 @@ static void engines_stop(struct demo *d)
 	}
 }
 
+/*
+ * arena_wait_empty - after everyone left: detached slots are free at once,
+ * but those of engines that died (a stuck one, a crash) come back when the
+ * agent reclaims them. Wait for that, bounded.
+ */
+static void arena_wait_empty(struct demo *d)
+{
+	uint64_t deadline = now_ns() + RECLAIM_TIMEOUT_NS;
+	struct kva_stats st;
+
+	while (kva_arena_stats(d->obs, &st) == 0 && st.workers && now_ns() < deadline)
+		sleep_ns(1000000);
+}
+
 static void run(struct demo *d)
 {
 	double interval = d->tty ? 0.2 : 1.0, next_display = interval, el;
 
 	d->last_ns = d->t0;
 	for (;;) {
+		int ret;
+
 		sleep_ns(20000000);
 		el = elapsed_s(d);
 		reap_unexpected(d, el);
+		/* the agent stopping or gone ends the run: the engines see it too */
+		if ((ret = kva_worker_poll(d->prompt_holder)) < 0) {
+			progress_clear(d);
+			fprintf(stderr, "kvarena-demo: at %.1fs: %s\n", el, kva_errmsg());
+			d->agent_lost = true;
+			break;
+		}
 		if (!d->kill.done && el >= d->opt.kill_at)
 			kill_one(d, el);
 		if (el >= d->opt.seconds || interrupted)
@@ -568,7 +711,7 @@ static void run(struct demo *d)
 
 /*
  * report - the final table and verdict, after every engine is gone and the
- * parent has dropped the system prompt and left. Returns the exit status.
+ * parent has dropped the system prompt and detached. Returns the exit status.
  */
 static int report(struct demo *d, double run_s)
 {
@@ -629,28 +772,31 @@ static int report(struct demo *d, double run_s)
 	if (d->kill.done)
 		print_reclaim_line(d);
 	else
-		printf("  no engine was killed: %s\n", interrupted ? "interrupted before --kill-at"
-							     : "none held a block at --kill-at");
+		printf("  no engine was killed: %s\n",
+		       interrupted || d->agent_lost ? "the run ended before --kill-at"
+						    : "none held a block at --kill-at");
 	printf("  before leaving: the engines still held %" PRIu64 " blocks beyond their caches, "
 	       "the parent %u\n", sum[C_LEAKED], d->prompt_left);
 
-	kva_arena_stats(d->a, &st);
-	check_ret = kva_arena_check(d->a, &cr);
-	printf("  after everyone left: %u of %u blocks free, %u workers joined\n", st.free_blocks,
-	       st.total_blocks, st.workers);
+	kva_arena_stats(d->obs, &st);
+	check_ret = kva_arena_check(d->obs, &cr);
+	printf("  after everyone left: %u of %u blocks free, %u workers attached\n",
+	       st.free_blocks, st.total_blocks, st.workers);
 	printf("  kva_arena_check: %s: %u leaked, 0 double-owned (one owner per descriptor; %u "
 	       "corrupt), %u stale owners, %u dead holders, %u unfindable free blocks\n",
 	       check_ret == 0 ? "passed" : "FAILED", cr.owned_blocks + cr.shared_blocks,
 	       cr.bad_descriptors, cr.stale_owners, cr.dead_holders, cr.hints_missing);
 	printf("  block map at the end:\n");
-	kva_arena_map_print(d->a, stdout, 64, 4);
+	kva_arena_map_print(d->obs, stdout, 64, 4);
+	printf("  kvarena-ctl --json status:\n");
+	run_ctl(d, "--json", "status");
 
 	if (check_ret == 0 && st.free_blocks == st.total_blocks && st.workers == 0 &&
 	    sum[C_DATA_ERRORS] == 0 && sum[C_API_ERRORS] == 0 && d->parent_errors == 0 &&
-	    sum[C_LEAKED] == 0 && d->prompt_left == 0 && d->kill.done && d->kill.all_returned &&
-	    engines_ok) {
-		printf("\nresult: PASS - the arena kept serving through a SIGKILL, "
-		       "and lost nothing\n");
+	    d->ctl_failures == 0 && !d->agent_lost && sum[C_LEAKED] == 0 &&
+	    d->prompt_left == 0 && d->kill.done && d->kill.all_returned && engines_ok) {
+		printf("\nresult: PASS - the arena kept serving through a SIGKILL, the agent "
+		       "reclaimed the dead engine, and nothing was lost\n");
 		return 0;
 	}
 	printf("\nresult: FAIL -");
@@ -660,6 +806,10 @@ static int report(struct demo *d, double run_s)
 		printf(" %" PRIu64 " data errors;", sum[C_DATA_ERRORS]);
 	if (sum[C_API_ERRORS] || d->parent_errors)
 		printf(" %" PRIu64 " failed calls;", sum[C_API_ERRORS] + d->parent_errors);
+	if (d->ctl_failures)
+		printf(" kvarena-ctl failed %u times;", d->ctl_failures);
+	if (d->agent_lost)
+		printf(" the agent stopped during the run;");
 	if (sum[C_LEAKED] || d->prompt_left)
 		printf(" blocks left held at leave;");
 	if (!d->kill.done)
@@ -674,31 +824,35 @@ static int report(struct demo *d, double run_s)
 
 static void print_header(const struct demo *d)
 {
-	const struct kva_arena_info *info = kva_arena_info(d->a);
+	const struct kva_arena_info *info = kva_arena_info(d->obs);
 	const struct kva_geometry *g = &info->geometry;
 
-	printf("kvarena-demo: arena \"%s\": %u blocks of %" PRIu64 " KiB (%u tokens x %u layers "
-	       "x K,V x %u kv heads x %u x %s, %s): %.0f MiB data, %.0f KiB metadata%s\n",
-	       info->name, info->blocks, info->layout.block_bytes / 1024, g->block_tokens,
-	       g->layers, g->kv_heads, g->head_dim, kva_dtype_name(g->dtype),
+	printf("kvarena-demo: arena \"%s\" of kvarena-agent pid %d (%s): %u blocks of %" PRIu64
+	       " KiB (%u tokens x %u layers x K,V x %u kv heads x %u x %s, %s): %.0f MiB data, "
+	       "%.0f KiB metadata%s\n",
+	       info->name, (int)d->agent.pid, d->opt.socket, info->blocks,
+	       info->layout.block_bytes / 1024, g->block_tokens, g->layers, g->kv_heads,
+	       g->head_dim, kva_dtype_name(g->dtype),
 	       g->layout == KVA_LAYOUT_BLOCK_MAJOR ? "block-major" : "layer-major",
 	       (double)info->layout.data_bytes / (1 << 20), (double)info->meta_bytes / 1024,
 	       info->hugetlb ? ", huge pages" : "");
-	printf("  %u engines (slots %d-%d, pids", d->opt.workers, (int)d->engines[0].slot,
-	       (int)d->engines[d->opt.workers - 1].slot);
+	printf("  %u engines (slots", d->opt.workers);
+	for (unsigned e = 0; e < d->opt.workers; e++)
+		printf(" %d", (int)d->engines[e].slot);
+	printf(", pids");
 	for (unsigned e = 0; e < d->opt.workers; e++)
 		printf(" %d", (int)d->engines[e].pid);
-	printf("), each with its own mapping, a cache of %u blocks and up to %u sequences\n",
+	printf("), each attached with kva_attach, a cache of %u blocks and up to %u sequences\n",
 	       info->cache_blocks, SEQS_PER_ENGINE);
-	printf("  system prompt: %u blocks (%u tokens) written and shared by the parent (slot %d); "
-	       "every request references them\n",
+	printf("  system prompt: %u blocks (%u tokens) written and shared by the parent's worker "
+	       "(slot %d); every request references them\n",
 	       PROMPT_BLOCKS, PROMPT_BLOCKS * BLOCK_TOKENS, kva_worker_slot(d->prompt_holder));
 	printf("  requests: prompt = system prompt + %u..%u tokens, output %u..%u tokens (skewed "
 	       "short); %u%% fork a second sample\n",
 	       USER_TOKENS_MIN, USER_TOKENS_MAX, OUTPUT_TOKENS_MIN, OUTPUT_TOKENS_MAX,
 	       FORK_PERCENT);
-	printf("  run %.1fs; SIGKILL the engine holding the most blocks at %.1fs; seed %" PRIu64
-	       "\n\n",
+	printf("  run %.1fs; SIGKILL the engine holding the most blocks at %.1fs and let the "
+	       "agent reclaim it; seed %" PRIu64 "\n\n",
 	       d->opt.seconds, d->opt.kill_at, d->opt.seed);
 	fflush(stdout);
 }
@@ -706,7 +860,6 @@ static void print_header(const struct demo *d)
 int main(int argc, char **argv)
 {
 	struct demo d = { 0 };
-	struct kva_arena_opts ao = { 0 };
 	struct sigaction sa = { 0 };
 	double run_s;
 	int ret, status = 1;
@@ -716,20 +869,21 @@ int main(int argc, char **argv)
 	/* a closed pipe on stdout must end the demo through its own checks */
 	signal(SIGPIPE, SIG_IGN);
 	sa.sa_handler = on_interrupt;
+	/* waitpid() goes on after a Ctrl-C; the sleeps of the loops end early,
+	 * which is all they need to see the flag */
+	sa.sa_flags = SA_RESTART;
 	sigemptyset(&sa.sa_mask);
 	sigaction(SIGINT, &sa, NULL);
 	sigaction(SIGTERM, &sa, NULL);
 	d.tty = isatty(STDOUT_FILENO);
 
-	ao.blocks = d.opt.blocks;
-	ao.max_workers = d.opt.workers + 1; /* the engines and the prompt holder */
-	ao.numa_node = -1;
-	ao.name = "demo";
-	if ((ret = kva_arena_create(&demo_geometry, &ao, &d.a)) < 0) {
-		fprintf(stderr, "kvarena-demo: kva_arena_create: %s (%s)\n", strerror(-ret),
+	if ((ret = kva_observe(d.opt.socket, &d.obs, &d.agent)) < 0) {
+		fprintf(stderr, "kvarena-demo: kva_observe: %s (%s)\n", strerror(-ret),
 			kva_errmsg());
 		return 1;
 	}
+	if (arena_fits(&d) < 0)
+		goto out;
 	d.sh_bytes = sizeof(*d.sh) + d.opt.workers * sizeof(struct engine_cell);
 	d.sh = mmap(NULL, d.sh_bytes, PROT_READ | PROT_WRITE, MAP_SHARED | MAP_ANONYMOUS, -1, 0);
 	if (d.sh == MAP_FAILED)
@@ -740,6 +894,7 @@ int main(int argc, char **argv)
 		goto out;
 	}
 
+	/* the engines first: nothing of the parent's worker may go through fork() */
 	if (engines_start(&d) < 0 || prompt_publish(&d) < 0) {
 		atomic_store_explicit(&d.sh->stop, 1, memory_order_relaxed);
 		engines_kill_all(&d);
@@ -753,7 +908,7 @@ int main(int argc, char **argv)
 	if (interrupted)
 		printf("  interrupted: stopping the engines\n");
 
-	/* the engines free what they hold and leave; then the prompt goes */
+	/* the engines free what they hold and detach; then the prompt goes */
 	engines_stop(&d);
 	if ((ret = kva_free(d.prompt_holder, d.prompt_ids, PROMPT_BLOCKS)) < 0) {
 		fprintf(stderr, "kvarena-demo: freeing the system prompt: %s (%s)\n",
@@ -761,14 +916,16 @@ int main(int argc, char **argv)
 		d.parent_errors++;
 	}
 	prompt_holder_check(&d);
-	kva_worker_leave(d.prompt_holder);
+	kva_detach(d.prompt_holder);
 	d.prompt_holder = NULL;
+	arena_wait_empty(&d);
 	status = report(&d, run_s);
 out:
-	kva_worker_leave(d.prompt_holder);
+	if (d.prompt_holder)
+		kva_detach(d.prompt_holder);
 	if (d.sh)
 		munmap(d.sh, d.sh_bytes);
 	free(d.engines);
-	kva_arena_close(d.a);
+	kva_arena_close(d.obs);
 	return status;
 }
