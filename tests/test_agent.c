@@ -20,6 +20,7 @@
 #include <string.h>
 #include <sys/socket.h>
 #include <sys/stat.h>
+#include <sys/un.h>
 #include <sys/wait.h>
 #include <time.h>
 #include <unistd.h>
@@ -687,6 +688,38 @@ static void test_corrupt_shared_memory_is_logged_and_skipped(void **state)
 	stop_cleanly(&ag);
 }
 
+static void test_systemd_is_told_ready_and_stopping(void **state)
+{
+	struct sockaddr_un sa = { .sun_family = AF_UNIX };
+	struct tu_agent ag;
+	char buf[512], got[1024] = "";
+	int fd;
+
+	(void)state;
+	snprintf(sa.sun_path, sizeof(sa.sun_path), "/tmp/kva-notify-%d", (int)getpid());
+	unlink(sa.sun_path);
+	fd = socket(AF_UNIX, SOCK_DGRAM | SOCK_CLOEXEC, 0);
+	assert_int_equal(bind(fd, (struct sockaddr *)&sa, sizeof(sa)), 0);
+	setenv("NOTIFY_SOCKET", sa.sun_path, 1);
+	start(&ag, NULL);
+	unsetenv("NOTIFY_SOCKET");
+	stop_cleanly(&ag);
+	for (;;) { /* everything the agent said, in order */
+		ssize_t n = recv(fd, buf, sizeof(buf) - 1, MSG_DONTWAIT);
+
+		if (n <= 0)
+			break;
+		buf[n] = '\0';
+		strncat(got, buf, sizeof(got) - strlen(got) - 2);
+		strcat(got, "|");
+	}
+	close(fd);
+	unlink(sa.sun_path);
+	assert_non_null(strstr(got, "READY=1"));
+	assert_non_null(strstr(got, "STOPPING=1"));
+	assert_true(strstr(got, "READY=1") < strstr(got, "STOPPING=1"));
+}
+
 int main(int argc, char **argv)
 {
 	const struct CMUnitTest tests[] = {
@@ -703,6 +736,7 @@ int main(int argc, char **argv)
 		cmocka_unit_test(test_observers_are_read_only),
 		cmocka_unit_test(test_workers_keep_working_when_the_agent_dies),
 		cmocka_unit_test(test_corrupt_shared_memory_is_logged_and_skipped),
+		cmocka_unit_test(test_systemd_is_told_ready_and_stopping),
 	};
 
 	if (argc != 3) {
