@@ -70,6 +70,9 @@ int main(int argc, char **argv)
 		 (double)info->layout.data_bytes / (1 << 20),
 		 info->hugetlb ? " on huge pages" : c.hugepages ? " (no huge pages free: ordinary pages)" : "",
 		 info->max_workers, info->cache_blocks);
+	if (!info->cache_blocks && !c.worker_cache)
+		log_info("no worker caches: %u blocks are too few for one (1/64 of the arena, 8 "
+			 "at least); every allocation goes to the shared pool", info->blocks);
 	ret = agent_serve(&c, a);
 	kva_arena_close(a);
 	return ret < 0 ? 1 : 0;

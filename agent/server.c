@@ -545,8 +545,11 @@ static void begin_shutdown(struct agent *ag, int sig)
 			n++;
 		}
 	}
-	log_info("%s: admitting no one, told %u workers to leave, waiting up to %.1f s",
-		 strsignal(sig), n, ag->cfg->shutdown_grace_ms / 1000.0);
+	if (workers(ag))
+		log_info("%s: admitting no one, told %u workers to leave, waiting up to %.1f s",
+			 strsignal(sig), n, ag->cfg->shutdown_grace_ms / 1000.0);
+	else
+		log_info("%s: no workers attached, exiting", strsignal(sig));
 }
 
 static void on_signal(struct agent *ag)
@@ -596,8 +599,19 @@ int agent_serve(const struct agent_config *c, struct kva_arena *a)
 		goto out;
 	}
 	kva_arena_set_agent(a, KVA_AGENT_RUNNING);
-	log_info("listening on %s (mode %04o), allowing %u uid(s) and %u gid(s)", c->socket,
-		 (unsigned)c->socket_mode, c->n_allow_uid, c->n_allow_gid);
+	{
+		char ids[256] = "";
+		size_t off = 0;
+
+		for (unsigned k = 0; k < c->n_allow_uid && off < sizeof(ids); k++)
+			off += (size_t)snprintf(ids + off, sizeof(ids) - off, " uid %u",
+						(unsigned)c->allow_uid[k]);
+		for (unsigned k = 0; k < c->n_allow_gid && off < sizeof(ids); k++)
+			off += (size_t)snprintf(ids + off, sizeof(ids) - off, " gid %u",
+						(unsigned)c->allow_gid[k]);
+		log_info("listening on %s (mode %04o), allowing%s", c->socket,
+			 (unsigned)c->socket_mode, ids);
+	}
 	sd_notifyf(0, "READY=1\nSTATUS=serving arena \"%s\" on %s", c->name, c->socket);
 
 	while (!ag.stopping || (workers(&ag) && now_ns() < ag.deadline_ns)) {

@@ -12,15 +12,17 @@
 
 #include "arena_pvt.h"
 
-static uint32_t default_cache(uint32_t blocks, uint32_t workers)
+static uint32_t default_cache(uint32_t blocks)
 {
-	/* Cached blocks are invisible to other workers: keep all caches together
-	 * under 1/16 of the arena, and do not bother below 8 blocks. */
-	uint64_t c = blocks / (16ull * workers);
+	/* Cached blocks are invisible to other workers, but only while the
+	 * arena has plenty: once a refill comes back short, caches stop
+	 * refilling and flush whole (pool pressure). 1/64 of the arena, at
+	 * most 256 (DPDK's usual size), none below 8 blocks. */
+	uint32_t c = blocks / 64;
 
 	if (c > 256)
 		c = 256;
-	return c < 8 ? 0 : (uint32_t)c;
+	return c < 8 ? 0 : c;
 }
 
 static int opts_check(const struct kva_arena_opts *o, uint32_t *workers, uint32_t *cache)
@@ -32,7 +34,7 @@ static int opts_check(const struct kva_arena_opts *o, uint32_t *workers, uint32_
 	if (o->cache_blocks == KVA_CACHE_NONE)
 		*cache = 0;
 	else if (o->cache_blocks == 0)
-		*cache = default_cache(o->blocks, *workers);
+		*cache = default_cache(o->blocks);
 	else if (o->cache_blocks > KVA__CACHE_MAX)
 		return kva__err(-EINVAL, "options: cache_blocks %u above %u", o->cache_blocks,
 				KVA__CACHE_MAX);

@@ -127,8 +127,9 @@ struct kva_worker;
 struct kva_arena_opts {
 	uint32_t blocks;       /* number of blocks, required */
 	uint32_t max_workers;  /* worker slots, 1..KVA_MAX_WORKERS; 0 = KVA_MAX_WORKERS */
-	uint32_t cache_blocks; /* per-worker cache capacity; 0 = derived from the
-				* arena size (at most 256); KVA_CACHE_NONE disables */
+	uint32_t cache_blocks; /* per-worker cache capacity; 0 = 1/64 of the
+				* blocks, at most 256, none below 8;
+				* KVA_CACHE_NONE disables */
 	uint32_t flags;        /* KVA_ARENA_* */
 	int32_t numa_node;     /* bind the data region to this node; -1 = no binding */
 	const char *name;      /* shown by ops tools; NULL = "kvarena" */

@@ -261,6 +261,10 @@ static void test_default_cache_scales_with_the_arena(void **state)
 	assert_int_equal(kva_arena_info(a)->cache_blocks, 0); /* too small to cache */
 	assert_int_equal(kva_arena_info(a)->max_workers, KVA_MAX_WORKERS);
 	kva_arena_close(a);
+	o.blocks = 2048;
+	assert_int_equal(kva_arena_create(&g, &o, &a), 0);
+	assert_int_equal(kva_arena_info(a)->cache_blocks, 32);
+	kva_arena_close(a);
 	o.blocks = 1u << 20;
 	o.max_workers = 8;
 	assert_int_equal(kva_arena_create(&g, &o, &a), 0);
