@@ -625,8 +625,9 @@ int agent_serve(const struct agent_config *c, struct kva_arena *a)
 		}
 		for (int k = 0; k < n; k++) {
 			struct watch *w = ev[k].data.ptr;
+			enum watch_kind kind = w->kind;
 
-			switch (w->kind) {
+			switch (kind) {
 			case W_LISTEN:
 				if (ag.lfd >= 0)
 					on_listen(&ag);
@@ -638,17 +639,17 @@ int agent_serve(const struct agent_config *c, struct kva_arena *a)
 				on_timer(&ag);
 				break;
 			case W_CONN:
-				/* an earlier event of this batch may have freed it */
-				if (w->c->fd >= 0)
-					on_conn(&ag, w->c);
+				on_conn(&ag, w->c);
 				break;
 			case W_PIDFD:
 				on_pidfd(&ag, w->c);
 				break;
 			}
-			/* events after one that freed a client must not be read:
-			 * start over with a fresh batch */
-			if (w->kind == W_CONN || w->kind == W_PIDFD || w->kind == W_TIMER)
+			/* A client event or the timer may have freed a client (and
+			 * @w with it): the rest of this batch may point into it.
+			 * Start over with a fresh batch; epoll is level-triggered,
+			 * so nothing pending is lost. */
+			if (kind == W_CONN || kind == W_PIDFD || kind == W_TIMER)
 				break;
 		}
 	}

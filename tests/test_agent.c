@@ -192,8 +192,12 @@ static void test_attached_workers_sigkilled_at_random_lose_nothing(void **state)
 			fail_msg("kill %u: pid %d's slot was not reclaimed within 3 s", kills,
 				 (int)pids[victim]);
 		for (unsigned n = 0; n < WORKERS; n++) /* nobody half-way through attaching */
-			while (n != victim && !atomic_load(&sh->cells[n].attached))
+			while (n != victim && !atomic_load(&sh->cells[n].attached)) {
+				if (waitpid(pids[n], &status, WNOHANG) == pids[n])
+					fail_msg("worker %u died attaching: status %#x (agent log %s)",
+						 n, status, ag.log);
 				sleep_us(100);
+			}
 		kva_arena_check(a, &cr);
 		if (cr.bad_descriptors || cr.stale_owners || cr.dead_holders)
 			fail_msg("after kill %u: %s", kills, kva_errmsg());
@@ -203,8 +207,11 @@ static void test_attached_workers_sigkilled_at_random_lose_nothing(void **state)
 	for (unsigned n = 0; n < WORKERS; n++)
 		atomic_store(&sh->cells[n].stop, 1);
 	for (unsigned n = 0; n < WORKERS; n++)
-		while (!atomic_load(&sh->cells[n].stopped))
+		while (!atomic_load(&sh->cells[n].stopped)) {
+			if (waitpid(pids[n], &status, WNOHANG) == pids[n])
+				fail_msg("worker %u died: status %#x", n, status);
 			sleep_us(100);
+		}
 	assert_true(tu_views_match(a, vp, WORKERS, &m));
 	for (unsigned n = 0; n < WORKERS; n++)
 		assert_int_equal(write(go[1], "g", 1), 1);
