@@ -16,6 +16,7 @@
 #include <unistd.h>
 
 #include "bench.h"
+#include "kvarena.h"
 
 /* ------------------------------------------------------------ JSON lines */
 
@@ -410,4 +411,18 @@ int bench_measure_turns(const struct bench_subject *s, const unsigned *procs, un
 		out[i] = median_trial(fig[i], p->trials);
 	free(fig);
 	return ret;
+}
+
+void bench_victim_hold(int fd, int slot_or_err, const char *who)
+{
+	int answer = slot_or_err;
+
+	if (slot_or_err < 0)
+		fprintf(stderr, "%s: %s (%s)\n", who, strerror(-slot_or_err), kva_errmsg());
+	if (write(fd, &answer, sizeof(answer)) != (ssize_t)sizeof(answer))
+		_exit(2);
+	if (slot_or_err < 0)
+		_exit(1);
+	for (;;)
+		pause();
 }

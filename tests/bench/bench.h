@@ -182,6 +182,13 @@ int bench_read_full(int fd, void *buf, size_t len, int timeout_ms);
 /* bench_reap - wait for child @pid. Return: 0 if it exited with status 0, else -ECHILD or -errno. */
 int bench_reap(pid_t pid);
 
+/*
+ * bench_victim_hold - the end of a victim process (one that holds blocks to
+ * be killed): tell the parent, through @fd, its slot (@slot_or_err >= 0) and
+ * wait for the SIGKILL; or the error that stopped it, and exit 1.
+ */
+void bench_victim_hold(int fd, int slot_or_err, const char *who) __attribute__((noreturn));
+
 /* bench_parse_u32 / bench_parse_double - a whole string as a number in [lo, hi]; -EINVAL if not. */
 int bench_parse_u32(const char *s, uint32_t lo, uint32_t hi, uint32_t *out);
 int bench_parse_double(const char *s, double lo, double hi, double *out);

@@ -677,7 +677,6 @@ static void victim_run(const char *socket_path, uint32_t hold, int fd)
 {
 	uint32_t *ids = malloc((size_t)hold * sizeof(*ids)), n;
 	struct kva_worker *w = NULL;
-	int32_t answer;
 	int ret = -ENOMEM;
 
 	/* it waits to be killed: if the parent dies first, that must still happen */
@@ -689,15 +688,9 @@ static void victim_run(const char *socket_path, uint32_t hold, int fd)
 		if ((ret = kva_alloc(w, n, ids + got)) < 0)
 			goto fail;
 	}
-	answer = kva_worker_slot(w);
-	if (write(fd, &answer, sizeof(answer)) != (ssize_t)sizeof(answer))
-		_exit(1);
-	for (;;)
-		pause();
+	bench_victim_hold(fd, kva_worker_slot(w), "reclaim-agent: victim");
 fail:
-	fprintf(stderr, "reclaim-agent: victim: %s (%s)\n", strerror(-ret), kva_errmsg());
-	answer = ret;
-	_exit(write(fd, &answer, sizeof(answer)) == (ssize_t)sizeof(answer) ? 1 : 2);
+	bench_victim_hold(fd, ret, "reclaim-agent: victim");
 }
 
 /* victim_start - fork a victim and wait until it holds its blocks; its slot goes to @slot. */

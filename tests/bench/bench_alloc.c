@@ -721,7 +721,6 @@ static void victim_run(struct kva_arena *a, uint32_t hold, uint64_t seed, int fd
 	uint32_t *ids = malloc((size_t)blocks * sizeof(*ids));
 	struct kva_worker *w = NULL;
 	uint64_t rng = seed;
-	int32_t answer;
 	int ret = -ENOMEM;
 
 	/* it waits to be killed: if the parent dies first, that must still happen */
@@ -748,15 +747,9 @@ static void victim_run(struct kva_arena *a, uint32_t hold, uint64_t seed, int fd
 		if ((ret = kva_free(w, ids + at, n)) < 0)
 			goto fail;
 	}
-	answer = kva_worker_slot(w);
-	if (write(fd, &answer, sizeof(answer)) != (ssize_t)sizeof(answer))
-		_exit(1);
-	for (;;)
-		pause();
+	bench_victim_hold(fd, kva_worker_slot(w), "alloc: reclaim victim");
 fail:
-	fprintf(stderr, "alloc: reclaim victim: %s (%s)\n", strerror(-ret), kva_errmsg());
-	answer = ret;
-	_exit(write(fd, &answer, sizeof(answer)) == (ssize_t)sizeof(answer) ? 1 : 2);
+	bench_victim_hold(fd, ret, "alloc: reclaim victim");
 }
 
 struct reclaim_sample {
