@@ -545,4 +545,7 @@ const char *kva_errmsg(void);
 #ifdef __cplusplus
 }
 #endif
+
+#include "kvarena_kernels.h"
+
 #endif /* KVARENA_H */

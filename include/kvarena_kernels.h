@@ -1,0 +1,127 @@
+/* SPDX-License-Identifier: MIT */
+/*
+ * kvarena_kernels.h - paged decode attention and KV store over the arena's
+ * blocks (or any paged KV cache the descriptor can express). Included by
+ * kvarena.h.
+ *
+ * Layout vocabulary: a page is one block's tokens for one layer. K and V are
+ * described separately by a base pointer and three strides in elements:
+ * page_stride (page p to p+1), token_stride, head_stride; the head_dim
+ * elements of one token and head are contiguous. That expresses the arena's
+ * block-major and layer-major layouts (kva_kv_desc_for_arena) and FlashInfer's
+ * NHD ([page][token][head][dim]) and HND ([page][head][token][dim]) without
+ * copies.
+ *
+ * Math: for sequence b and query head h (KV head h / group, where group =
+ * num_q_heads / num_kv_heads), out = sum_t softmax_t(sm_scale * q.k_t) v_t over
+ * the sequence's tokens, accumulated in fp32; lse = log(sum_t exp(sm_scale *
+ * q.k_t)) (natural log; -inf for an empty sequence, whose out is 0).
+ */
+#ifndef KVARENA_KERNELS_H
+#define KVARENA_KERNELS_H
+
+#include <stdint.h>
+
+#ifdef __cplusplus
+extern "C" {
+#endif
+
+struct kva_arena;
+
+/* FlashInfer's CSR page table, int32. */
+struct kva_page_table {
+	int32_t batch, page_size;
+	const int32_t *indptr;         /* [batch + 1], indptr[0] == 0, non-decreasing */
+	const int32_t *indices;        /* [indptr[batch]] page ids */
+	const int32_t *last_page_len;  /* [batch], 1..page_size (0 for a sequence of no page) */
+};
+
+#define KVA_KV_SCALE_PER_TENSOR 0x1u /* fp8: one scale, k_scale[0] / v_scale[0] */
+
+/* One layer's K and V, any layout; strides in elements. */
+struct kva_kv_desc {
+	const void *k, *v;
+	int64_t page_stride, token_stride, head_stride;
+	int32_t num_kv_heads, head_dim;
+	enum kva_dtype dtype;          /* KVA_F32, KVA_F16, KVA_BF16, KVA_FP8_E4M3, KVA_INT8 */
+	/* fp8: one float per KV head (or one, with KVA_KV_SCALE_PER_TENSOR);
+	 * int8: one float per token and head, at the scale strides below.
+	 * A stored value x means x * scale. kva_store_kv writes int8 scales. */
+	const float *k_scale, *v_scale;
+	/* added to FlashInfer's shape: */
+	int32_t page_size;             /* tokens per page */
+	int32_t num_pages;             /* valid page ids are 0..num_pages-1 */
+	uint32_t flags;                /* KVA_KV_* */
+	int64_t scale_page_stride, scale_token_stride, scale_head_stride; /* int8, in floats */
+};
+
+enum kva_isa {
+	KVA_ISA_AUTO = 0,    /* the best this CPU has */
+	KVA_ISA_SCALAR = 1,  /* portable C */
+	KVA_ISA_AVX2 = 2,    /* AVX2 + FMA + F16C */
+	KVA_ISA_AVX512 = 3,  /* AVX-512 F/BW/VL */
+};
+
+struct kva_decode_opts {
+	int32_t threads;       /* 0: kva_kernel_threads(), else 1..256 */
+	int32_t split_tokens;  /* tokens per split of a sequence; 0: 512 */
+	int32_t max_splits;    /* splits per sequence at most; 0: 64 */
+	enum kva_isa isa;      /* KVA_ISA_AUTO, or one to force (-ENOTSUP if the CPU lacks it) */
+};
+
+/*
+ * kva_decode - one decode step of attention for a batch of sequences.
+ * @q, @out: [batch][num_q_heads][head_dim], contiguous, in @q_dtype (f32, f16
+ * or bf16); @lse: optional [batch][num_q_heads].
+ * Work is split into (sequence, KV head, split of the sequence) tiles; each
+ * K/V element is read once for the whole query-head group; splits are merged
+ * by log-sum-exp. The split plan depends on the options, never on the thread
+ * count, so results do not change with the number of threads.
+ * Return: 0, -EINVAL (an argument inconsistent with the others; kva_errmsg()
+ * says which), -ENOTSUP (a forced ISA the CPU lacks), -ENOMEM.
+ */
+int kva_decode(const struct kva_kv_desc *kv, const struct kva_page_table *pt, const void *q,
+	       enum kva_dtype q_dtype, int32_t num_q_heads, float sm_scale, void *out, float *lse,
+	       const struct kva_decode_opts *opts);
+
+/*
+ * kva_store_kv - write @n_tokens tokens' K and V ([n][num_kv_heads][head_dim],
+ * contiguous, in @in_dtype: f32, f16 or bf16) to their slots: slot_mapping[i]
+ * = page * page_size + offset in the page (vLLM's convention), < 0 = skip.
+ * Converts to the cache's dtype: fp8 divides by the head's scale and rounds
+ * to nearest even, saturating at +-448; int8 picks a scale per token and head
+ * (max |x| / 127) and writes it. Every slot is checked before anything is
+ * written. Return: 0 or -EINVAL.
+ */
+int kva_store_kv(const struct kva_kv_desc *kv, const void *k, const void *v,
+		 enum kva_dtype in_dtype, const int64_t *slot_mapping, int32_t n_tokens);
+
+/*
+ * kva_page_table_from_block_table - vLLM's padded block table ([batch][row_stride]
+ * page ids, of which sequence b uses ceil(seq_lens[b] / page_size)) to CSR.
+ * @indices must have room for the sum of those counts. Entries past a
+ * sequence's pages are never read. Return: the number of indices written, or
+ * -EINVAL.
+ */
+int kva_page_table_from_block_table(const int32_t *block_table, int64_t row_stride,
+				    const int32_t *seq_lens, int32_t batch, int32_t page_size,
+				    int32_t *indptr, int32_t *indices, int32_t *last_page_len);
+
+/*
+ * kva_kv_desc_for_arena - the descriptor of layer @layer of an arena mapped
+ * in this process (block ids are page ids). int8 arenas get their in-block
+ * scales; fp8 needs the caller's k_scale/v_scale. Return: 0 or -EINVAL.
+ */
+int kva_kv_desc_for_arena(const struct kva_arena *a, uint32_t layer, struct kva_kv_desc *out);
+
+/* kva_kernel_threads - the default thread count (the CPUs this process may
+ * run on, or $KVARENA_THREADS). */
+int kva_kernel_threads(void);
+
+enum kva_isa kva_isa_best(void);
+const char *kva_isa_name(enum kva_isa isa);
+
+#ifdef __cplusplus
+}
+#endif
+#endif /* KVARENA_KERNELS_H */

@@ -1,0 +1,378 @@
+/* SPDX-License-Identifier: MIT */
+/*
+ * decode.c - kva_decode: check everything, plan tiles, run them on the pool,
+ * merge the splits.
+ *
+ * Phase 1, one task per tile (sequence, KV head, split): the ISA kernel reads
+ * the split's pages once for the whole query-head group and leaves (m, l, acc)
+ * per query head in a scratch area indexed by tile. Phase 2, one task per
+ * (sequence, query head): merge that head's splits in split order, normalise,
+ * convert to the output dtype. Both phases write disjoint memory, and the
+ * plan depends only on the arguments, so the result is the same on any
+ * number of threads, bit for bit.
+ */
+#include <errno.h>
+#include <pthread.h>
+#include <stdlib.h>
+#include <string.h>
+
+#include "arena_pvt.h"
+#include "kernels_pvt.h"
+
+struct plan {
+	const struct kva_kv_desc *kv;
+	const struct kva_page_table *pt;
+	const void *q;
+	enum kva_dtype q_dtype;
+	int32_t num_q_heads, group, head_dim;
+	float q_scale;             /* sm_scale * log2(e) */
+	void *out;
+	float *lse;
+	kva__tile_fn tile;
+	int32_t split_tokens, max_splits;
+	/* per sequence: its first tile, its split length and count */
+	uint32_t *tile0;
+	int32_t *split_len, *splits;
+	uint32_t tiles;
+	float *qf;                 /* [batch][num_q_heads][head_dim]: q * q_scale */
+	/* per tile: m[group], l[group], acc[group][head_dim] */
+	float *part;
+	size_t part_stride;        /* floats per tile */
+};
+
+static int bad(const char *what)
+{
+	return kva__err(-EINVAL, "decode: %s", what);
+}
+
+static size_t qdtype_size(enum kva_dtype t)
+{
+	return t == KVA_F32 ? 4 : t == KVA_F16 || t == KVA_BF16 ? 2 : 0;
+}
+
+static float load_q(const void *q, enum kva_dtype t, size_t i)
+{
+	switch (t) {
+	case KVA_F16:
+		return kva_f16_to_f32(((const uint16_t *)q)[i]);
+	case KVA_BF16:
+		return kva_bf16_to_f32(((const uint16_t *)q)[i]);
+	default:
+		return ((const float *)q)[i];
+	}
+}
+
+static void store_out(void *out, enum kva_dtype t, size_t i, float v)
+{
+	switch (t) {
+	case KVA_F16:
+		((uint16_t *)out)[i] = kva_f32_to_f16(v);
+		break;
+	case KVA_BF16:
+		((uint16_t *)out)[i] = kva_f32_to_bf16(v);
+		break;
+	default:
+		((float *)out)[i] = v;
+	}
+}
+
+/* kva__kv_desc_check - the descriptor on its own; shared with kva_store_kv. */
+int kva__kv_desc_check(const struct kva_kv_desc *kv)
+{
+	if (!kv || !kv->k || !kv->v)
+		return bad("NULL descriptor or K/V pointer");
+	if (!kva_dtype_size(kv->dtype))
+		return bad("unknown KV dtype");
+	if (kv->num_kv_heads < 1 || kv->num_kv_heads > 4096)
+		return bad("num_kv_heads out of range 1..4096");
+	if (kv->head_dim < 1 || kv->head_dim > KVA__MAX_HEAD_DIM)
+		return bad("head_dim out of range 1..1024");
+	if (kv->page_size < 1 || kv->page_size > 65536)
+		return bad("page_size out of range 1..65536");
+	if (kv->num_pages < 1)
+		return bad("num_pages must be at least 1");
+	if (kv->flags & ~KVA_KV_SCALE_PER_TENSOR)
+		return bad("unknown descriptor flags");
+	/* a token's head is head_dim contiguous elements: strides may not make
+	 * two tokens or heads overlap inside a page */
+	if (kv->token_stride < 0 || kv->head_stride < 0 || kv->page_stride < 0)
+		return bad("negative stride");
+	if ((kv->page_size > 1 && kv->token_stride < kv->head_dim) ||
+	    (kv->num_kv_heads > 1 && kv->head_stride < kv->head_dim))
+		return bad("token_stride and head_stride must each be at least head_dim");
+	if ((kv->dtype == KVA_FP8_E4M3 || kv->dtype == KVA_INT8) && (!kv->k_scale || !kv->v_scale))
+		return bad("fp8 and int8 need k_scale and v_scale");
+	if (kv->dtype == KVA_INT8 && (kv->scale_page_stride < 0 || kv->scale_token_stride < 0 ||
+				      kv->scale_head_stride < 0))
+		return bad("negative int8 scale stride");
+	return 0;
+}
+
+static int check(const struct kva_kv_desc *kv, const struct kva_page_table *pt, const void *q,
+		 enum kva_dtype q_dtype, int32_t num_q_heads, float sm_scale, const void *out)
+{
+	int ret;
+
+	if ((ret = kva__kv_desc_check(kv)) < 0)
+		return ret;
+	if (!pt || !q || !out)
+		return bad("NULL page table, q or out");
+	if (!qdtype_size(q_dtype))
+		return bad("q and out must be f32, f16 or bf16");
+	if (num_q_heads < 1 || num_q_heads % kv->num_kv_heads)
+		return bad("num_q_heads must be a multiple of num_kv_heads");
+	if (num_q_heads / kv->num_kv_heads > KVA__MAX_GROUP)
+		return bad("more than 64 query heads per KV head");
+	if (!(sm_scale == sm_scale) || sm_scale == 0.0f || sm_scale > 1e30f || sm_scale < -1e30f)
+		return bad("sm_scale must be finite and not 0");
+	if (pt->batch < 0 || (pt->batch && (!pt->indptr || !pt->last_page_len)))
+		return bad("page table: negative batch or NULL arrays");
+	if (pt->page_size != kv->page_size)
+		return bad("page table and descriptor disagree on page_size");
+	if (pt->batch && pt->indptr[0] != 0)
+		return bad("page table: indptr[0] must be 0");
+	for (int32_t b = 0; b < pt->batch; b++) {
+		int32_t pages = pt->indptr[b + 1] - pt->indptr[b];
+
+		if (pages < 0)
+			return bad("page table: indptr decreases");
+		if (pages && (pt->last_page_len[b] < 1 || pt->last_page_len[b] > pt->page_size))
+			return bad("page table: last_page_len out of 1..page_size");
+		if (pages && (int64_t)(pages - 1) * pt->page_size + pt->last_page_len[b] > INT32_MAX)
+			return bad("page table: sequence longer than 2^31 tokens");
+	}
+	if (pt->batch && pt->indptr[pt->batch] && !pt->indices)
+		return bad("page table: NULL indices");
+	for (int32_t i = 0; pt->batch && i < pt->indptr[pt->batch]; i++)
+		if (pt->indices[i] < 0 || pt->indices[i] >= kv->num_pages)
+			return kva__err(-EINVAL, "decode: page id %d at indices[%d] out of range "
+					"0..%d", pt->indices[i], i, kv->num_pages - 1);
+	return 0;
+}
+
+static kva__tile_fn pick(enum kva_isa isa, int32_t head_dim, int *err)
+{
+	if (isa == KVA_ISA_AUTO) {
+		if (head_dim % 16 == 0 && kva__isa_supported(KVA_ISA_AVX512))
+			return kva__tile_avx512;
+		if (head_dim % 8 == 0 && kva__isa_supported(KVA_ISA_AVX2))
+			return kva__tile_avx2;
+		return kva__tile_scalar;
+	}
+	if (!kva__isa_supported(isa)) {
+		*err = kva__err(-ENOTSUP, "decode: this CPU has no %s", kva_isa_name(isa));
+		return NULL;
+	}
+	if ((isa == KVA_ISA_AVX512 && head_dim % 16) || (isa == KVA_ISA_AVX2 && head_dim % 8)) {
+		*err = kva__err(-EINVAL, "decode: the %s path needs head_dim a multiple of %d",
+				kva_isa_name(isa), isa == KVA_ISA_AVX512 ? 16 : 8);
+		return NULL;
+	}
+	return isa == KVA_ISA_AVX512 ? kva__tile_avx512
+	       : isa == KVA_ISA_AVX2 ? kva__tile_avx2 : kva__tile_scalar;
+}
+
+/* the sequence a tile belongs to: the last b with tile0[b] <= tile */
+static int32_t tile_seq(const struct plan *p, uint32_t tile)
+{
+	int32_t lo = 0, hi = p->pt->batch - 1;
+
+	while (lo < hi) {
+		int32_t mid = (lo + hi + 1) / 2;
+
+		if (p->tile0[mid] <= tile)
+			lo = mid;
+		else
+			hi = mid - 1;
+	}
+	return lo;
+}
+
+static void run_q(void *ctx, uint32_t b)
+{
+	const struct plan *p = ctx;
+	size_t n = (size_t)p->num_q_heads * p->head_dim, base = (size_t)b * n;
+
+	for (size_t i = 0; i < n; i++)
+		p->qf[base + i] = load_q(p->q, p->q_dtype, base + i) * p->q_scale;
+}
+
+static void run_tile(void *ctx, uint32_t tile)
+{
+	const struct plan *p = ctx;
+	const struct kva_page_table *pt = p->pt;
+	int32_t b = tile_seq(p, tile), local = (int32_t)(tile - p->tile0[b]);
+	int32_t h = local / p->splits[b], s = local % p->splits[b];
+	int32_t len = kva_seq_len(pt->indptr, pt->last_page_len, b, pt->page_size);
+	float *part = p->part + (size_t)tile * p->part_stride;
+	struct kva__tile t = {
+		.kv = p->kv,
+		.pages = pt->indices + pt->indptr[b],
+		.t0 = s * p->split_len[b],
+		.t1 = (s + 1) * p->split_len[b] < len ? (s + 1) * p->split_len[b] : len,
+		.kv_head = h,
+		.group = p->group,
+		.q = p->qf + ((size_t)b * p->num_q_heads + (size_t)h * p->group) * p->head_dim,
+		.m = part,
+		.l = part + p->group,
+		.acc = part + 2 * p->group,
+	};
+
+	if (t.t0 < t.t1) {
+		p->tile(&t);
+		return;
+	}
+	for (int32_t g = 0; g < p->group; g++) { /* an empty sequence */
+		t.m[g] = -INFINITY;
+		t.l[g] = 0.0f;
+	}
+	memset(t.acc, 0, sizeof(float) * (size_t)p->group * p->head_dim);
+}
+
+static void run_merge(void *ctx, uint32_t task)
+{
+	const struct plan *p = ctx;
+	int32_t b = (int32_t)(task / (uint32_t)p->num_q_heads);
+	int32_t qh = (int32_t)(task % (uint32_t)p->num_q_heads);
+	int32_t h = qh / p->group, g = qh % p->group, n = p->splits[b];
+	float acc[KVA__MAX_HEAD_DIM], m = -INFINITY, l = 0.0f;
+	size_t obase = ((size_t)b * p->num_q_heads + (size_t)qh) * p->head_dim;
+
+	memset(acc, 0, sizeof(float) * p->head_dim);
+	for (int32_t s = 0; s < n; s++) {
+		const float *part = p->part + (size_t)(p->tile0[b] + (uint32_t)(h * n + s)) *
+						      p->part_stride;
+		const float *src = part + 2 * p->group + (size_t)g * p->head_dim;
+		float mm, wa, wb;
+
+		kva_merge_weights(m, part[g], &mm, &wa, &wb);
+		l = l * wa + part[p->group + g] * wb;
+		for (int32_t d = 0; d < p->head_dim; d++)
+			acc[d] = acc[d] * wa + src[d] * wb;
+		m = mm;
+	}
+	for (int32_t d = 0; d < p->head_dim; d++)
+		store_out(p->out, p->q_dtype, obase + (size_t)d, l > 0.0f ? acc[d] / l : 0.0f);
+	if (p->lse)
+		p->lse[(size_t)b * p->num_q_heads + (size_t)qh] = kva_lse(m, l);
+}
+
+/* scratch kept per calling thread: a decode per layer per step must not
+ * pay page faults for a fresh buffer each time */
+static pthread_key_t scratch_key;
+static pthread_once_t scratch_once = PTHREAD_ONCE_INIT;
+
+struct scratch {
+	void *buf;
+	size_t size;
+};
+
+static void scratch_free(void *p)
+{
+	struct scratch *s = p;
+
+	free(s->buf);
+	free(s);
+}
+
+static void scratch_init(void)
+{
+	pthread_key_create(&scratch_key, scratch_free);
+}
+
+static void *scratch(size_t bytes)
+{
+	struct scratch *s;
+
+	pthread_once(&scratch_once, scratch_init);
+	s = pthread_getspecific(scratch_key);
+	if (!s) {
+		s = calloc(1, sizeof(*s));
+		if (!s || pthread_setspecific(scratch_key, s)) {
+			free(s);
+			return NULL;
+		}
+	}
+	if (s->size < bytes) {
+		void *b = realloc(s->buf, bytes);
+
+		if (!b)
+			return NULL;
+		s->buf = b;
+		s->size = bytes;
+	}
+	return s->buf;
+}
+
+int kva_decode(const struct kva_kv_desc *kv, const struct kva_page_table *pt, const void *q,
+	       enum kva_dtype q_dtype, int32_t num_q_heads, float sm_scale, void *out, float *lse,
+	       const struct kva_decode_opts *opts)
+{
+	struct kva_decode_opts o = opts ? *opts : (struct kva_decode_opts){ 0 };
+	struct plan p = { 0 };
+	size_t meta, qbytes, bytes;
+	int ret = 0, threads;
+	char *buf;
+
+	if ((ret = check(kv, pt, q, q_dtype, num_q_heads, sm_scale, out)) < 0)
+		return ret;
+	if (o.threads < 0 || o.threads > 256 || o.split_tokens < 0 || o.max_splits < 0)
+		return bad("options: threads 0..256, split_tokens and max_splits >= 0");
+	if (!pt->batch)
+		return 0;
+	p.tile = pick(o.isa, kv->head_dim, &ret);
+	if (!p.tile)
+		return ret;
+	threads = o.threads ? o.threads : kva_kernel_threads();
+	p.kv = kv;
+	p.pt = pt;
+	p.q = q;
+	p.q_dtype = q_dtype;
+	p.num_q_heads = num_q_heads;
+	p.group = num_q_heads / kv->num_kv_heads;
+	p.head_dim = kv->head_dim;
+	p.q_scale = sm_scale * KVA_LOG2E;
+	p.out = out;
+	p.lse = lse;
+	p.split_tokens = o.split_tokens ? o.split_tokens : KVA_DEFAULT_SPLIT_TOKENS;
+	p.max_splits = o.max_splits ? o.max_splits : KVA_DEFAULT_MAX_SPLITS;
+	p.part_stride = (size_t)p.group * (2 + (size_t)kv->head_dim);
+
+	/* one buffer: the plan's arrays, then the partial results */
+	meta = (sizeof(uint32_t) + 2 * sizeof(int32_t)) * (size_t)pt->batch;
+	meta = (meta + 63) & ~(size_t)63;
+	buf = scratch(meta);
+	if (!buf)
+		return -ENOMEM;
+	p.tile0 = (uint32_t *)buf;
+	p.split_len = (int32_t *)(p.tile0 + pt->batch);
+	p.splits = p.split_len + pt->batch;
+	for (int32_t b = 0; b < pt->batch; b++) {
+		int32_t len = kva_seq_len(pt->indptr, pt->last_page_len, b, pt->page_size);
+		uint64_t tiles;
+
+		p.split_len[b] = kva_split_len(len, pt->page_size, p.split_tokens, p.max_splits);
+		p.splits[b] = kva_split_count(len, p.split_len[b]);
+		p.tile0[b] = p.tiles;
+		tiles = (uint64_t)p.tiles + (uint64_t)p.splits[b] * (uint64_t)kv->num_kv_heads;
+		if (tiles > UINT32_MAX / 2)
+			return bad("too many tiles: fewer splits or a smaller batch");
+		p.tiles = (uint32_t)tiles;
+	}
+	qbytes = sizeof(float) * (size_t)pt->batch * (size_t)num_q_heads * (size_t)kv->head_dim;
+	qbytes = (qbytes + 63) & ~(size_t)63;
+	bytes = meta + qbytes + sizeof(float) * p.part_stride * p.tiles;
+	buf = scratch(bytes);
+	if (!buf)
+		return -ENOMEM;
+	p.tile0 = (uint32_t *)buf; /* it may have moved */
+	p.split_len = (int32_t *)(p.tile0 + pt->batch);
+	p.splits = p.split_len + pt->batch;
+	p.qf = (float *)(buf + meta);
+	p.part = (float *)(buf + meta + qbytes);
+
+	kva__parallel(threads, (uint32_t)pt->batch, run_q, &p);
+	kva__parallel(threads, p.tiles, run_tile, &p);
+	kva__parallel(threads, (uint32_t)pt->batch * (uint32_t)num_q_heads, run_merge, &p);
+	return 0;
+}

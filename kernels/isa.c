@@ -1,0 +1,45 @@
+/* SPDX-License-Identifier: MIT */
+/*
+ * isa.c - which vector paths this CPU can run, decided at run time.
+ */
+#include "kernels_pvt.h"
+
+bool kva__isa_supported(enum kva_isa isa)
+{
+	switch (isa) {
+	case KVA_ISA_SCALAR:
+		return true;
+	case KVA_ISA_AVX2:
+		return __builtin_cpu_supports("avx2") && __builtin_cpu_supports("fma") &&
+		       __builtin_cpu_supports("f16c");
+	case KVA_ISA_AVX512:
+		return __builtin_cpu_supports("avx512f") && __builtin_cpu_supports("avx512bw") &&
+		       __builtin_cpu_supports("avx512vl") && __builtin_cpu_supports("fma");
+	default:
+		return false;
+	}
+}
+
+enum kva_isa kva_isa_best(void)
+{
+	if (kva__isa_supported(KVA_ISA_AVX512))
+		return KVA_ISA_AVX512;
+	if (kva__isa_supported(KVA_ISA_AVX2))
+		return KVA_ISA_AVX2;
+	return KVA_ISA_SCALAR;
+}
+
+const char *kva_isa_name(enum kva_isa isa)
+{
+	switch (isa) {
+	case KVA_ISA_AUTO:
+		return "auto";
+	case KVA_ISA_SCALAR:
+		return "scalar";
+	case KVA_ISA_AVX2:
+		return "avx2";
+	case KVA_ISA_AVX512:
+		return "avx512";
+	}
+	return "?";
+}

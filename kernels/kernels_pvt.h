@@ -1,0 +1,79 @@
+/* SPDX-License-Identifier: MIT */
+/*
+ * kernels_pvt.h - what the decode driver (decode.c) and the per-ISA tile
+ * kernels (tile_*.c) agree on.
+ *
+ * A tile is one (sequence, KV head, split): a run of whole pages of one
+ * sequence, read once for the whole group of query heads that share the KV
+ * head. Its kernel leaves, per query head of the group, the log2-domain
+ * online-softmax state (m, l) and the unnormalised output acc; the driver
+ * merges the splits (decode_math.h) and normalises.
+ */
+#ifndef KVA_KERNELS_PVT_H
+#define KVA_KERNELS_PVT_H
+
+#include <stdbool.h>
+#include <stdint.h>
+
+#include "decode_math.h"
+#include "kvarena.h"
+
+#define KVA__MAX_GROUP 64      /* query heads per KV head */
+#define KVA__MAX_HEAD_DIM 1024
+#define KVA__BLOCK_TOKENS 32   /* tokens a tile scores before it updates its softmax state */
+
+struct kva__tile {
+	const struct kva_kv_desc *kv;
+	const int32_t *pages;  /* the sequence's page ids, all checked < num_pages */
+	int32_t t0, t1;        /* its tokens [t0, t1), t0 < t1; t0 is page-aligned */
+	int32_t kv_head;
+	int32_t group;         /* 1..KVA__MAX_GROUP */
+	const float *q;        /* [group][head_dim]: q * sm_scale * log2(e), fp32 */
+	float *acc;            /* [group][head_dim] out */
+	float *m, *l;          /* [group] out */
+};
+
+typedef void (*kva__tile_fn)(const struct kva__tile *t);
+
+/* tile_scalar.c: any dtype, any head_dim */
+void kva__tile_scalar(const struct kva__tile *t);
+/* tile_avx2.c, tile_avx512.c: head_dim a multiple of 8 / 16 */
+void kva__tile_avx2(const struct kva__tile *t);
+void kva__tile_avx512(const struct kva__tile *t);
+
+/* Scale of token @t's head in int8 K (or V), or the fp8 scale; 1 otherwise. */
+static inline float kva__scale(const struct kva_kv_desc *kv, const float *base, int32_t page,
+			       int32_t t, int32_t head)
+{
+	if (kv->dtype == KVA_INT8)
+		return base[(int64_t)page * kv->scale_page_stride + (int64_t)t * kv->scale_token_stride +
+			    (int64_t)head * kv->scale_head_stride];
+	if (kv->dtype == KVA_FP8_E4M3)
+		return base[kv->flags & KVA_KV_SCALE_PER_TENSOR ? 0 : head];
+	return 1.0f;
+}
+
+/* The address of token @t (in the sequence) of the tile's head in K or V. */
+static inline const void *kva__row(const struct kva__tile *tl, const void *base, int32_t t)
+{
+	const struct kva_kv_desc *kv = tl->kv;
+	int64_t e = kva_kv_index(kv->page_stride, kv->token_stride, kv->head_stride,
+				 tl->pages[t / kv->page_size], t % kv->page_size, tl->kv_head);
+
+	return (const char *)base + e * (int64_t)kva_dtype_size(kv->dtype);
+}
+
+/* pool.c */
+
+/*
+ * kva__parallel - fn(ctx, task) for every task in [0, n), on up to @threads
+ * threads, the caller one of them. Tasks are handed out one at a time by an
+ * atomic counter, so uneven tasks balance; which thread runs a task never
+ * changes what it computes.
+ */
+int kva__parallel(int threads, uint32_t n, void (*fn)(void *ctx, uint32_t task), void *ctx);
+
+/* isa.c */
+bool kva__isa_supported(enum kva_isa isa);
+
+#endif /* KVA_KERNELS_PVT_H */

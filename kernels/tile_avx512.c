@@ -1,0 +1,295 @@
+/* SPDX-License-Identifier: MIT */
+/*
+ * tile_avx512.c - the decode tile with AVX-512 (head_dim a multiple of 16),
+ * the same steps as tile_scalar.c, arranged to keep up with memory.
+ *
+ * Scores: a block of tokens x query heads is scored 16 dot products at a
+ * time (16 tokens x 1 head, 8 x 2 or 4 x 4: each K chunk converted once is
+ * used by the whole group), each dot accumulated in a zmm across head_dim and
+ * the 16 reduced together by one transposed reduction (about 3 instructions
+ * a score). Softmax: the block's scores are folded into the running max and
+ * exponentiated 16 at a time (exp2 by a polynomial and vscalefps). Output:
+ * each V chunk, converted once, is multiplied into every head's accumulator.
+ * The next block's rows are prefetched while this one is computed: pages are
+ * scattered, and the hardware prefetcher does not cross them.
+ */
+#include <immintrin.h>
+
+#include "kernels_pvt.h"
+
+#define AI __attribute__((always_inline)) static inline
+
+/* 16 elements of a K or V row, as fp32 (without the row's scale) */
+AI __m512 load16(const void *p, const enum kva_dtype dt)
+{
+	switch (dt) {
+	case KVA_F16:
+		return _mm512_cvtph_ps(_mm256_loadu_si256((const __m256i *)p));
+	case KVA_BF16:
+		return _mm512_castsi512_ps(_mm512_slli_epi32(
+			_mm512_cvtepu16_epi32(_mm256_loadu_si256((const __m256i *)p)), 16));
+	case KVA_FP8_E4M3: {
+		/* under a half's exponent and mantissa, e4m3 bits are a half 2^8
+		 * too small (decode_math.h); S.1111.111 is NaN */
+		__m256i x = _mm256_cvtepu8_epi16(_mm_loadu_si128((const __m128i *)p));
+		__m256i mag = _mm256_and_si256(x, _mm256_set1_epi16(0x7f));
+		__m256i h = _mm256_or_si256(_mm256_slli_epi16(mag, 7),
+					    _mm256_slli_epi16(_mm256_and_si256(x, _mm256_set1_epi16(0x80)), 8));
+		__m512 f = _mm512_mul_ps(_mm512_cvtph_ps(h), _mm512_set1_ps(256.0f));
+		__mmask16 nan = _mm256_cmpeq_epi16_mask(mag, _mm256_set1_epi16(0x7f));
+
+		return _mm512_mask_mov_ps(f, nan, _mm512_set1_ps(__builtin_nanf("")));
+	}
+	case KVA_INT8:
+		return _mm512_cvtepi32_ps(_mm512_cvtepi8_epi32(_mm_loadu_si128((const __m128i *)p)));
+	default:
+		return _mm512_loadu_ps(p);
+	}
+}
+
+/* lane i = the sum of v[i]'s 16 lanes */
+AI __m512 reduce16(const __m512 v[16])
+{
+	__m512 a[8], b[4], c[2];
+
+	for (int i = 0; i < 8; i++)
+		a[i] = _mm512_add_ps(_mm512_unpacklo_ps(v[2 * i], v[2 * i + 1]),
+				     _mm512_unpackhi_ps(v[2 * i], v[2 * i + 1]));
+	for (int i = 0; i < 4; i++)
+		b[i] = _mm512_add_ps(_mm512_shuffle_ps(a[2 * i], a[2 * i + 1], _MM_SHUFFLE(1, 0, 1, 0)),
+				     _mm512_shuffle_ps(a[2 * i], a[2 * i + 1], _MM_SHUFFLE(3, 2, 3, 2)));
+	for (int i = 0; i < 2; i++)
+		c[i] = _mm512_add_ps(
+			_mm512_shuffle_f32x4(b[2 * i], b[2 * i + 1], _MM_SHUFFLE(2, 0, 2, 0)),
+			_mm512_shuffle_f32x4(b[2 * i], b[2 * i + 1], _MM_SHUFFLE(3, 1, 3, 1)));
+	return _mm512_add_ps(_mm512_shuffle_f32x4(c[0], c[1], _MM_SHUFFLE(2, 0, 2, 0)),
+			     _mm512_shuffle_f32x4(c[0], c[1], _MM_SHUFFLE(3, 1, 3, 1)));
+}
+
+/*
+ * 2^x for x <= 0 (a score minus its running max): x = n + f, n an integer,
+ * |f| <= 1/2; 2^f by its degree-7 Taylor polynomial (relative error below
+ * 1e-8 there), times 2^n by vscalefps, which also takes 2^-150 to 0.
+ */
+AI __m512 exp2_ps(__m512 x)
+{
+	__m512 n, f, p;
+
+	x = _mm512_max_ps(x, _mm512_set1_ps(-150.0f));
+	n = _mm512_roundscale_ps(x, _MM_FROUND_TO_NEAREST_INT | _MM_FROUND_NO_EXC);
+	f = _mm512_sub_ps(x, n);
+	p = _mm512_set1_ps(1.525273380405984e-05f);
+	p = _mm512_fmadd_ps(p, f, _mm512_set1_ps(1.5403530393381608e-04f));
+	p = _mm512_fmadd_ps(p, f, _mm512_set1_ps(1.3333558146428443e-03f));
+	p = _mm512_fmadd_ps(p, f, _mm512_set1_ps(9.618129107628477e-03f));
+	p = _mm512_fmadd_ps(p, f, _mm512_set1_ps(5.550410866482158e-02f));
+	p = _mm512_fmadd_ps(p, f, _mm512_set1_ps(2.402265069591007e-01f));
+	p = _mm512_fmadd_ps(p, f, _mm512_set1_ps(6.931471805599453e-01f));
+	p = _mm512_fmadd_ps(p, f, _mm512_set1_ps(1.0f));
+	return _mm512_scalef_ps(p, n);
+}
+
+/* the lanes below n (none for n <= 0) */
+AI __mmask16 first(int n)
+{
+	return n >= 16 ? (__mmask16)0xffff : n <= 0 ? 0 : (__mmask16)((1u << n) - 1);
+}
+
+struct block {
+	const char *k[KVA__BLOCK_TOKENS], *v[KVA__BLOCK_TOKENS];
+	float ks[KVA__BLOCK_TOKENS], vs[KVA__BLOCK_TOKENS];
+	int n;
+};
+
+/*
+ * Score tokens [i, i + TB) x heads [g0, g0 + GB) of the block into s[g][i]:
+ * TB * GB = 16 dot products, reduced together.
+ */
+AI void score16(const struct kva__tile *t, const struct block *bk, const float *q, int i, int g0,
+		float s[][KVA__BLOCK_TOKENS], const enum kva_dtype dt, const int NC, const int TB,
+		const int GB)
+{
+	const int D = NC * 16, nt = bk->n - i < TB ? bk->n - i : TB;
+	const int ng = t->group - g0 < GB ? t->group - g0 : GB;
+	const size_t esize = kva_dtype_size(dt);
+	__m512 a[16], qv[4];
+	float r[16];
+
+	for (int j = 0; j < 16; j++)
+		a[j] = _mm512_setzero_ps();
+	/* registers: 16 accumulators, GB query chunks, one K chunk */
+	for (int c = 0; c < NC; c++) {
+		for (int gg = 0; gg < GB; gg++)
+			qv[gg] = gg < ng ? _mm512_loadu_ps(q + (size_t)(g0 + gg) * D + c * 16)
+					 : _mm512_setzero_ps();
+		for (int tt = 0; tt < TB; tt++) {
+			__m512 kc;
+
+			if (tt >= nt)
+				break;
+			kc = load16(bk->k[i + tt] + (size_t)c * 16 * esize, dt);
+			for (int gg = 0; gg < GB; gg++)
+				a[tt * GB + gg] = _mm512_fmadd_ps(kc, qv[gg], a[tt * GB + gg]);
+		}
+	}
+	_mm512_storeu_ps(r, reduce16(a));
+	for (int tt = 0; tt < nt; tt++)
+		for (int gg = 0; gg < ng; gg++)
+			s[g0 + gg][i + tt] = r[tt * GB + gg] * bk->ks[i + tt];
+}
+
+/* acc[g] += sum_t p[g][t] v[t] for the block, four tokens and four heads at a time */
+AI void accumulate(const struct kva__tile *t, const struct block *bk,
+		   float s[][KVA__BLOCK_TOKENS], const enum kva_dtype dt, const int NC)
+{
+	const int D = NC * 16, G = t->group;
+	const size_t esize = kva_dtype_size(dt);
+
+	for (int i = 0; i < bk->n; i += 4) {
+		const int nt = bk->n - i < 4 ? bk->n - i : 4;
+
+		for (int g0 = 0; g0 < G; g0 += 4) {
+			const int ng = G - g0 < 4 ? G - g0 : 4;
+			__m512 p[4][4];
+
+			for (int gg = 0; gg < 4; gg++)
+				for (int tt = 0; tt < 4; tt++)
+					p[gg][tt] = _mm512_set1_ps(gg < ng && tt < nt ? s[g0 + gg][i + tt]
+										      : 0.0f);
+			for (int c = 0; c < NC; c++) {
+				__m512 vc[4];
+
+				for (int tt = 0; tt < 4; tt++)
+					vc[tt] = tt < nt ? load16(bk->v[i + tt] + (size_t)c * 16 * esize, dt)
+							 : _mm512_setzero_ps();
+				for (int gg = 0; gg < ng; gg++) {
+					float *o = t->acc + (size_t)(g0 + gg) * D + c * 16;
+					__m512 acc = _mm512_loadu_ps(o);
+
+					for (int tt = 0; tt < 4; tt++)
+						acc = _mm512_fmadd_ps(p[gg][tt], vc[tt], acc);
+					_mm512_storeu_ps(o, acc);
+				}
+			}
+		}
+	}
+}
+
+/* every cache line of the rows of tokens [from, to) of the tile's head */
+AI void prefetch_rows(const struct kva__tile *t, int32_t from, int32_t to, size_t row_bytes)
+{
+	for (int32_t tok = from; tok < to; tok++) {
+		const char *k = kva__row(t, t->kv->k, tok), *v = kva__row(t, t->kv->v, tok);
+
+		for (size_t off = 0; off < row_bytes; off += 64) {
+			_mm_prefetch(k + off, _MM_HINT_T0);
+			_mm_prefetch(v + off, _MM_HINT_T0);
+		}
+	}
+}
+
+AI void tile(const struct kva__tile *t, const enum kva_dtype dt, const int NC)
+{
+	const struct kva_kv_desc *kv = t->kv;
+	const int G = t->group, D = NC * 16, P = kv->page_size;
+	const size_t row_bytes = (size_t)D * kva_dtype_size(dt);
+	_Alignas(64) float s[KVA__MAX_GROUP][KVA__BLOCK_TOKENS];
+	struct block bk;
+
+	for (int g = 0; g < G; g++) {
+		t->m[g] = -INFINITY;
+		t->l[g] = 0.0f;
+	}
+	memset(t->acc, 0, sizeof(float) * (size_t)G * D);
+	prefetch_rows(t, t->t0, t->t0 + KVA__BLOCK_TOKENS < t->t1 ? t->t0 + KVA__BLOCK_TOKENS : t->t1,
+		      row_bytes);
+
+	for (int32_t tb = t->t0; tb < t->t1; tb += KVA__BLOCK_TOKENS) {
+		int32_t next = tb + KVA__BLOCK_TOKENS;
+
+		bk.n = t->t1 - tb < KVA__BLOCK_TOKENS ? t->t1 - tb : KVA__BLOCK_TOKENS;
+		for (int i = 0; i < bk.n; i++) {
+			int32_t tok = tb + i, page = t->pages[tok / P];
+
+			bk.k[i] = kva__row(t, kv->k, tok);
+			bk.v[i] = kva__row(t, kv->v, tok);
+			bk.ks[i] = kva__scale(kv, kv->k_scale, page, tok % P, t->kv_head);
+			bk.vs[i] = kva__scale(kv, kv->v_scale, page, tok % P, t->kv_head);
+		}
+		for (int i = bk.n; i < KVA__BLOCK_TOKENS; i++)
+			bk.vs[i] = 0.0f; /* p is 0 there: so must p * vs be */
+		if (next < t->t1)
+			prefetch_rows(t, next,
+				      next + KVA__BLOCK_TOKENS < t->t1 ? next + KVA__BLOCK_TOKENS : t->t1,
+				      row_bytes);
+
+		/* scores: 16 tokens x 1 head, 8 x 2 or 4 x 4 at a time */
+		if (G == 1)
+			for (int i = 0; i < bk.n; i += 16)
+				score16(t, &bk, t->q, i, 0, s, dt, NC, 16, 1);
+		else if (G == 2)
+			for (int i = 0; i < bk.n; i += 8)
+				score16(t, &bk, t->q, i, 0, s, dt, NC, 8, 2);
+		else
+			for (int i = 0; i < bk.n; i += 4)
+				for (int g0 = 0; g0 < G; g0 += 4)
+					score16(t, &bk, t->q, i, g0, s, dt, NC, 4, 4);
+
+		/* fold the block into each head's running state; s becomes
+		 * p * (V scale), ready for accumulate() */
+		for (int g = 0; g < G; g++) {
+			__m512 lo = _mm512_mask_loadu_ps(_mm512_set1_ps(-INFINITY), first(bk.n), s[g]);
+			__m512 hi = _mm512_mask_loadu_ps(_mm512_set1_ps(-INFINITY), first(bk.n - 16),
+							 s[g] + 16);
+			float mb = kva_max(t->m[g], _mm512_reduce_max_ps(_mm512_max_ps(lo, hi)));
+			float r = kva_rescale(t->m[g], mb);
+			__m512 m = _mm512_set1_ps(mb), plo, phi;
+
+			if (r != 1.0f) {
+				__m512 rv = _mm512_set1_ps(r);
+
+				t->l[g] *= r;
+				for (int c = 0; c < NC; c++) {
+					float *o = t->acc + (size_t)g * D + c * 16;
+
+					_mm512_storeu_ps(o, _mm512_mul_ps(_mm512_loadu_ps(o), rv));
+				}
+			}
+			t->m[g] = mb;
+			plo = _mm512_maskz_mov_ps(first(bk.n), exp2_ps(_mm512_sub_ps(lo, m)));
+			phi = _mm512_maskz_mov_ps(first(bk.n - 16), exp2_ps(_mm512_sub_ps(hi, m)));
+			t->l[g] += _mm512_reduce_add_ps(_mm512_add_ps(plo, phi));
+			if (dt == KVA_FP8_E4M3 || dt == KVA_INT8) {
+				plo = _mm512_mul_ps(plo, _mm512_loadu_ps(bk.vs));
+				phi = _mm512_mul_ps(phi, _mm512_loadu_ps(bk.vs + 16));
+			}
+			_mm512_store_ps(s[g], plo);
+			_mm512_store_ps(s[g] + 16, phi);
+		}
+		accumulate(t, &bk, s, dt, NC);
+	}
+}
+
+/* one instance per dtype and head_dim that matters, and a generic one */
+#define FOR_NC(dt)                                                                            \
+	switch (NC) {                                                                         \
+	case 4: tile(t, dt, 4); return;                                                       \
+	case 5: tile(t, dt, 5); return;                                                       \
+	case 6: tile(t, dt, 6); return;                                                       \
+	case 8: tile(t, dt, 8); return;                                                       \
+	case 16: tile(t, dt, 16); return;                                                     \
+	default: tile(t, dt, NC); return;                                                     \
+	}
+
+void kva__tile_avx512(const struct kva__tile *t)
+{
+	const int NC = t->kv->head_dim / 16;
+
+	switch (t->kv->dtype) {
+	case KVA_F32: FOR_NC(KVA_F32)
+	case KVA_F16: FOR_NC(KVA_F16)
+	case KVA_BF16: FOR_NC(KVA_BF16)
+	case KVA_FP8_E4M3: FOR_NC(KVA_FP8_E4M3)
+	case KVA_INT8: FOR_NC(KVA_INT8)
+	}
+}

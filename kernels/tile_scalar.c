@@ -1,0 +1,92 @@
+/* SPDX-License-Identifier: MIT */
+/*
+ * tile_scalar.c - the portable decode tile: any dtype, any head_dim, no
+ * vector instructions. It is also the specification the vector paths are
+ * tested against, so it follows decode_math.h step by step: score a block
+ * of tokens for every query head of the group, fold the block's maximum into
+ * the running state, accumulate exp2(score - max) * v.
+ */
+#include "kernels_pvt.h"
+
+/* one token's head, dequantized to fp32 (the scale is applied by the caller) */
+static void load_row(const void *row, enum kva_dtype t, int32_t n, float *out)
+{
+	switch (t) {
+	case KVA_F32:
+		memcpy(out, row, sizeof(float) * (size_t)n);
+		break;
+	case KVA_F16:
+		for (int32_t d = 0; d < n; d++)
+			out[d] = kva_f16_to_f32(((const uint16_t *)row)[d]);
+		break;
+	case KVA_BF16:
+		for (int32_t d = 0; d < n; d++)
+			out[d] = kva_bf16_to_f32(((const uint16_t *)row)[d]);
+		break;
+	case KVA_FP8_E4M3:
+		for (int32_t d = 0; d < n; d++)
+			out[d] = kva_fp8_to_f32(((const uint8_t *)row)[d]);
+		break;
+	case KVA_INT8:
+		for (int32_t d = 0; d < n; d++)
+			out[d] = (float)((const int8_t *)row)[d];
+		break;
+	}
+}
+
+void kva__tile_scalar(const struct kva__tile *t)
+{
+	const struct kva_kv_desc *kv = t->kv;
+	const int32_t G = t->group, D = kv->head_dim, P = kv->page_size;
+	float s[KVA__BLOCK_TOKENS][KVA__MAX_GROUP], row[KVA__MAX_HEAD_DIM];
+
+	for (int32_t g = 0; g < G; g++) {
+		t->m[g] = -INFINITY;
+		t->l[g] = 0.0f;
+	}
+	memset(t->acc, 0, sizeof(float) * (size_t)G * D);
+
+	for (int32_t tb = t->t0; tb < t->t1; tb += KVA__BLOCK_TOKENS) {
+		int32_t n = t->t1 - tb < KVA__BLOCK_TOKENS ? t->t1 - tb : KVA__BLOCK_TOKENS;
+
+		for (int32_t i = 0; i < n; i++) {
+			int32_t tok = tb + i, page = t->pages[tok / P];
+			float ks = kva__scale(kv, kv->k_scale, page, tok % P, t->kv_head);
+
+			load_row(kva__row(t, kv->k, tok), kv->dtype, D, row);
+			for (int32_t g = 0; g < G; g++) {
+				const float *q = t->q + (size_t)g * D;
+				float dot = 0.0f;
+
+				for (int32_t d = 0; d < D; d++)
+					dot += q[d] * row[d];
+				s[i][g] = dot * ks;
+			}
+		}
+		for (int32_t g = 0; g < G; g++) {
+			float mb = t->m[g], r;
+
+			for (int32_t i = 0; i < n; i++)
+				mb = kva_max(mb, s[i][g]);
+			r = kva_rescale(t->m[g], mb);
+			t->l[g] *= r;
+			for (int32_t d = 0; d < D; d++)
+				t->acc[(size_t)g * D + d] *= r;
+			t->m[g] = mb;
+		}
+		for (int32_t i = 0; i < n; i++) {
+			int32_t tok = tb + i, page = t->pages[tok / P];
+			float vs = kva__scale(kv, kv->v_scale, page, tok % P, t->kv_head);
+
+			load_row(kva__row(t, kv->v, tok), kv->dtype, D, row);
+			for (int32_t g = 0; g < G; g++) {
+				float p = exp2f(s[i][g] - t->m[g]), pv = p * vs;
+				float *acc = t->acc + (size_t)g * D;
+
+				t->l[g] += p;
+				for (int32_t d = 0; d < D; d++)
+					acc[d] += pv * row[d];
+			}
+		}
+	}
+}

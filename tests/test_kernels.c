@@ -1,0 +1,1039 @@
+/* SPDX-License-Identifier: MIT */
+/*
+ * test_kernels.c - paged decode attention and KV store against a reference:
+ * gather each sequence's K and V through its page table into dense arrays
+ * and compute attention in double. Every case runs on every ISA path this
+ * CPU has (scalar, AVX2, AVX-512): random permuted page tables, pages shared
+ * between sequences, lengths around page and split boundaries and past 16k,
+ * GQA 1/4/8/16 and MQA, head_dim 64..256, NaN in unused slots and invalid ids
+ * in unused table entries (never read), padded strides, NHD and HND, large
+ * logits, lse, split and thread invariance, store round trips, quantization
+ * error bounds, malformed arguments, and the number formats exhaustively.
+ */
+#include <errno.h>
+#include <math.h>
+#include <setjmp.h>
+#include <stdarg.h>
+#include <stddef.h>
+#include <stdio.h>
+#include <stdlib.h>
+#include <string.h>
+
+#include <cmocka.h>
+
+#include "decode_math.h"
+#include "kvarena.h"
+#include "testutil.h"
+
+static enum kva_isa isas[3];
+static int n_isas;
+
+/* ------------------------------------------------------- a paged cache */
+
+enum order { HND, NHD };
+
+struct cache {
+	struct kva_kv_desc kv;
+	void *k, *v;
+	float *k_scale, *v_scale;
+	size_t bytes, scale_floats;
+};
+
+static void cache_make(struct cache *c, enum kva_dtype dt, int32_t pages, int32_t page_size,
+		       int32_t heads, int32_t dim, enum order order, int32_t pad)
+{
+	int64_t token_stride, head_stride, page_stride;
+
+	memset(c, 0, sizeof(*c));
+	if (order == HND) { /* [page][head][token][dim + pad] */
+		token_stride = dim + pad;
+		head_stride = token_stride * page_size;
+		page_stride = head_stride * heads + pad;
+	} else { /* [page][token][head][dim + pad] */
+		head_stride = dim + pad;
+		token_stride = head_stride * heads;
+		page_stride = token_stride * page_size + pad;
+	}
+	c->bytes = (size_t)page_stride * pages * kva_dtype_size(dt);
+	c->k = malloc(c->bytes);
+	c->v = malloc(c->bytes);
+	/* everything not written later reads as NaN (or, for int8, the
+	 * maximum with a NaN scale): a kernel that reads it cannot hide it */
+	memset(c->k, dt == KVA_INT8 ? 0x7f : 0xff, c->bytes);
+	memset(c->v, dt == KVA_INT8 ? 0x7f : 0xff, c->bytes);
+	c->kv = (struct kva_kv_desc){
+		.k = c->k, .v = c->v, .page_stride = page_stride, .token_stride = token_stride,
+		.head_stride = head_stride, .num_kv_heads = heads, .head_dim = dim, .dtype = dt,
+		.page_size = page_size, .num_pages = pages,
+	};
+	if (dt == KVA_FP8_E4M3) {
+		c->scale_floats = (size_t)heads;
+		c->k_scale = malloc(sizeof(float) * c->scale_floats);
+		c->v_scale = malloc(sizeof(float) * c->scale_floats);
+		for (int32_t h = 0; h < heads; h++) {
+			c->k_scale[h] = 0.01f * (1 + h % 3);
+			c->v_scale[h] = 0.02f * (1 + h % 2);
+		}
+	} else if (dt == KVA_INT8) {
+		c->scale_floats = (size_t)pages * page_size * heads;
+		c->k_scale = malloc(sizeof(float) * c->scale_floats);
+		c->v_scale = malloc(sizeof(float) * c->scale_floats);
+		for (size_t i = 0; i < c->scale_floats; i++)
+			c->k_scale[i] = c->v_scale[i] = NAN;
+		c->kv.scale_page_stride = (int64_t)page_size * heads;
+		c->kv.scale_token_stride = heads;
+		c->kv.scale_head_stride = 1;
+	}
+	c->kv.k_scale = c->k_scale;
+	c->kv.v_scale = c->v_scale;
+}
+
+static void cache_free(struct cache *c)
+{
+	free(c->k);
+	free(c->v);
+	free(c->k_scale);
+	free(c->v_scale);
+}
+
+/* the exact value a cache element holds, in double */
+static double elem(const struct cache *c, const void *base, const float *scale, int32_t page,
+		   int32_t t, int32_t h, int32_t d)
+{
+	const struct kva_kv_desc *kv = &c->kv;
+	int64_t e = kva_kv_index(kv->page_stride, kv->token_stride, kv->head_stride, page, t, h) + d;
+
+	switch (kv->dtype) {
+	case KVA_F32:
+		return ((const float *)base)[e];
+	case KVA_F16:
+		return kva_f16_to_f32(((const uint16_t *)base)[e]);
+	case KVA_BF16:
+		return kva_bf16_to_f32(((const uint16_t *)base)[e]);
+	case KVA_FP8_E4M3:
+		return (double)kva_fp8_to_f32(((const uint8_t *)base)[e]) *
+		       scale[kv->flags & KVA_KV_SCALE_PER_TENSOR ? 0 : h];
+	case KVA_INT8:
+		return (double)((const int8_t *)base)[e] *
+		       scale[(int64_t)page * kv->scale_page_stride + (int64_t)t * kv->scale_token_stride +
+			     (int64_t)h * kv->scale_head_stride];
+	}
+	return NAN;
+}
+
+/* ------------------------------------------------------ a page table */
+
+struct batch {
+	int32_t n, page_size;
+	int32_t *indptr, *indices, *last, *lens;
+	struct kva_page_table pt;
+};
+
+/*
+ * Sequences of the given lengths over random, permuted pages; sequence 1,
+ * when there is one and @share, begins with sequence 0's first pages (a
+ * shared prefix).
+ */
+static void batch_make(struct batch *b, const int32_t *lens, int32_t n, int32_t page_size,
+		       int32_t num_pages, bool share, uint64_t *rng)
+{
+	int32_t total = 0, *perm = malloc(sizeof(int32_t) * (size_t)num_pages), next = 0;
+
+	memset(b, 0, sizeof(*b));
+	b->n = n;
+	b->page_size = page_size;
+	b->indptr = calloc((size_t)n + 1, sizeof(int32_t));
+	b->last = calloc((size_t)n, sizeof(int32_t));
+	b->lens = calloc((size_t)n, sizeof(int32_t));
+	for (int32_t i = 0; i < n; i++) {
+		total += (lens[i] + page_size - 1) / page_size;
+		b->lens[i] = lens[i];
+	}
+	b->indices = calloc((size_t)total + 1, sizeof(int32_t));
+	for (int32_t p = 0; p < num_pages; p++)
+		perm[p] = p;
+	for (int32_t p = num_pages - 1; p > 0; p--) {
+		int32_t j = (int32_t)(tu_rand(rng) % (uint64_t)(p + 1)), x = perm[p];
+
+		perm[p] = perm[j];
+		perm[j] = x;
+	}
+	for (int32_t i = 0; i < n; i++) {
+		int32_t pages = (lens[i] + page_size - 1) / page_size;
+
+		b->indptr[i + 1] = b->indptr[i] + pages;
+		b->last[i] = pages ? lens[i] - (pages - 1) * page_size : 0;
+		for (int32_t p = 0; p < pages; p++) {
+			int32_t slot = b->indptr[i] + p;
+
+			if (share && i == 1 && p < b->indptr[1] - 1 && p < pages - 1)
+				b->indices[slot] = b->indices[p]; /* sequence 0's full pages */
+			else
+				b->indices[slot] = perm[next++ % num_pages];
+		}
+	}
+	b->pt = (struct kva_page_table){ n, page_size, b->indptr, b->indices, b->last };
+	free(perm);
+}
+
+static void batch_free(struct batch *b)
+{
+	free(b->indptr);
+	free(b->indices);
+	free(b->last);
+	free(b->lens);
+}
+
+/* pages a batch needs, if no two sequences share */
+static int32_t pages_for(const int32_t *lens, int32_t n, int32_t page_size)
+{
+	int32_t p = 0;
+
+	for (int32_t i = 0; i < n; i++)
+		p += (lens[i] + page_size - 1) / page_size;
+	return p;
+}
+
+static float frand(uint64_t *rng)
+{
+	return (float)((double)(tu_rand(rng) >> 11) / (double)(1ull << 53)) * 2.0f - 1.0f;
+}
+
+/* Write every token of the batch through kva_store_kv (in f32), with values
+ * of magnitude @amp. Each page is written once even if shared. */
+static void fill(struct cache *c, const struct batch *b, float amp, uint64_t *rng)
+{
+	const struct kva_kv_desc *kv = &c->kv;
+	size_t row = (size_t)kv->num_kv_heads * kv->head_dim;
+	float *k = malloc(sizeof(float) * row), *v = malloc(sizeof(float) * row);
+	uint8_t *done = calloc((size_t)kv->num_pages * kv->page_size, 1);
+
+	for (int32_t i = 0; i < b->n; i++)
+		for (int32_t t = 0; t < b->lens[i]; t++) {
+			int64_t slot = (int64_t)b->indices[b->indptr[i] + t / b->page_size] *
+				       b->page_size + t % b->page_size;
+
+			if (done[slot]++)
+				continue;
+			for (size_t j = 0; j < row; j++) {
+				k[j] = amp * frand(rng);
+				v[j] = amp * frand(rng);
+			}
+			assert_int_equal(kva_store_kv(kv, k, v, KVA_F32, &slot, 1), 0);
+		}
+	free(k);
+	free(v);
+	free(done);
+}
+
+/* ------------------------------------------------------ the reference */
+
+/* out[b][h][d] and lse[b][h] in double, from the values the cache holds */
+static void reference(const struct cache *c, const struct batch *b, const float *q,
+		      int32_t num_q_heads, double sm_scale, double *out, double *lse)
+{
+	const struct kva_kv_desc *kv = &c->kv;
+	const int32_t D = kv->head_dim, group = num_q_heads / kv->num_kv_heads;
+
+	for (int32_t i = 0; i < b->n; i++) {
+		int32_t len = b->lens[i];
+		double *s = malloc(sizeof(double) * (size_t)(len ? len : 1));
+
+		for (int32_t h = 0; h < num_q_heads; h++) {
+			const float *qh = q + ((size_t)i * num_q_heads + h) * D;
+			double *o = out + ((size_t)i * num_q_heads + h) * D, m = -INFINITY, sum = 0;
+			int32_t kh = h / group;
+
+			memset(o, 0, sizeof(double) * D);
+			for (int32_t t = 0; t < len; t++) {
+				int32_t page = b->indices[b->indptr[i] + t / b->page_size];
+				double dot = 0;
+
+				for (int32_t d = 0; d < D; d++)
+					dot += qh[d] * elem(c, c->k, c->k_scale, page, t % b->page_size,
+							    kh, d);
+				s[t] = dot * sm_scale;
+				m = fmax(m, s[t]);
+			}
+			for (int32_t t = 0; t < len; t++) {
+				int32_t page = b->indices[b->indptr[i] + t / b->page_size];
+				double p = exp(s[t] - m);
+
+				sum += p;
+				for (int32_t d = 0; d < D; d++)
+					o[d] += p * elem(c, c->v, c->v_scale, page, t % b->page_size, kh, d);
+			}
+			for (int32_t d = 0; d < D; d++)
+				o[d] = len ? o[d] / sum : 0;
+			lse[(size_t)i * num_q_heads + h] = len ? m + log(sum) : -INFINITY;
+		}
+		free(s);
+	}
+}
+
+/* max |out - ref| over the batch, relative to the largest |ref| of its head */
+static double worst(const float *out, const double *ref, size_t heads, int32_t D)
+{
+	double w = 0;
+
+	for (size_t h = 0; h < heads; h++) {
+		double scale = 1e-30;
+
+		for (int32_t d = 0; d < D; d++)
+			scale = fmax(scale, fabs(ref[h * D + d]));
+		for (int32_t d = 0; d < D; d++) {
+			double e = fabs(out[h * D + d] - ref[h * D + d]) / scale;
+
+			if (!(e <= w)) /* NaN counts as the worst */
+				w = isnan(e) ? INFINITY : e;
+		}
+	}
+	return w;
+}
+
+struct run {
+	enum kva_dtype dt;
+	int32_t heads, group, dim, page_size;
+	const int32_t *lens;
+	int32_t n;
+	enum order order;
+	int32_t pad;
+	float q_amp;     /* logit magnitude */
+	bool share;
+	struct kva_decode_opts opts;
+	double tol;
+};
+
+static double tolerance(enum kva_dtype dt)
+{
+	/* the cache's values are exact in the reference; what is left is fp32
+	 * accumulation and exp2 (and, for fp8/int8, the scale multiplications) */
+	return dt == KVA_F32 ? 2e-5 : 5e-5;
+}
+
+/* decode on every ISA; returns the worst error seen */
+static double check_run(const struct run *r, uint64_t seed)
+{
+	uint64_t rng = seed;
+	struct cache c;
+	struct batch b;
+	int32_t pages = pages_for(r->lens, r->n, r->page_size) + 3, qh = r->heads * r->group;
+	size_t nq = (size_t)r->n * qh * r->dim;
+	float *q = malloc(sizeof(float) * nq), *out = malloc(sizeof(float) * nq);
+	float *lse = malloc(sizeof(float) * (size_t)r->n * qh);
+	double *ref = malloc(sizeof(double) * nq), *rlse = malloc(sizeof(double) * (size_t)r->n * qh);
+	double sm = 1.0 / sqrt((double)r->dim), worst_seen = 0;
+
+	cache_make(&c, r->dt, pages, r->page_size, r->heads, r->dim, r->order, r->pad);
+	batch_make(&b, r->lens, r->n, r->page_size, pages, r->share, &rng);
+	fill(&c, &b, 1.0f, &rng);
+	for (size_t i = 0; i < nq; i++)
+		q[i] = r->q_amp * frand(&rng);
+	reference(&c, &b, q, qh, sm, ref, rlse);
+	for (int k = 0; k < n_isas; k++) {
+		struct kva_decode_opts o = r->opts;
+		double w, wl = 0;
+		int ret;
+
+		o.isa = isas[k];
+		memset(out, 0, sizeof(float) * nq);
+		ret = kva_decode(&c.kv, &b.pt, q, KVA_F32, qh, (float)sm, out, lse, &o);
+		if (ret)
+			fail_msg("decode (%s): %d %s", kva_isa_name(isas[k]), ret, kva_errmsg());
+		w = worst(out, ref, (size_t)r->n * qh, r->dim);
+		for (size_t h = 0; h < (size_t)r->n * qh; h++) {
+			double e = isinf(rlse[h]) ? (lse[h] == rlse[h] ? 0 : INFINITY)
+						 : fabs(lse[h] - rlse[h]) / fmax(1.0, fabs(rlse[h]));
+
+			wl = fmax(wl, e);
+		}
+		if (!(w <= r->tol) || !(wl <= r->tol))
+			fail_msg("%s %s dim %d group %d page %d: error %.3g, lse error %.3g (limit %.3g)",
+				 kva_isa_name(isas[k]), kva_dtype_name(r->dt), r->dim, r->group,
+				 r->page_size, w, wl, r->tol);
+		worst_seen = fmax(worst_seen, w);
+	}
+	cache_free(&c);
+	batch_free(&b);
+	free(q);
+	free(out);
+	free(lse);
+	free(ref);
+	free(rlse);
+	return worst_seen;
+}
+
+/* -------------------------------------------------------------- tests */
+
+static void test_every_dtype_and_head_dim_matches_the_reference(void **state)
+{
+	static const enum kva_dtype dts[] = { KVA_F32, KVA_F16, KVA_BF16, KVA_FP8_E4M3, KVA_INT8 };
+	static const int32_t dims[] = { 64, 80, 96, 128, 256 };
+	static const int32_t lens[] = { 1, 15, 16, 17, 37, 100 };
+
+	(void)state;
+	for (unsigned i = 0; i < sizeof(dts) / sizeof(dts[0]); i++)
+		for (unsigned j = 0; j < sizeof(dims) / sizeof(dims[0]); j++) {
+			struct run r = { .dt = dts[i], .heads = 2, .group = 4, .dim = dims[j],
+					 .page_size = 16, .lens = lens, .n = 6, .q_amp = 1,
+					 .share = true, .tol = tolerance(dts[i]) };
+
+			check_run(&r, 100 * i + j);
+		}
+}
+
+static void test_gqa_and_mqa_groups(void **state)
+{
+	static const int32_t groups[] = { 1, 2, 3, 4, 8, 16 };
+	static const int32_t lens[] = { 33, 64, 1, 70 };
+
+	(void)state;
+	for (unsigned g = 0; g < sizeof(groups) / sizeof(groups[0]); g++) {
+		struct run r = { .dt = KVA_F16, .heads = 2, .group = groups[g], .dim = 128,
+				 .page_size = 16, .lens = lens, .n = 4, .q_amp = 1, .tol = 5e-5 };
+		struct run mqa = r;
+
+		check_run(&r, 7 + g);
+		mqa.heads = 1; /* MQA: one KV head for every query head */
+		check_run(&mqa, 70 + g);
+	}
+}
+
+static void test_page_sizes_and_lengths_around_boundaries(void **state)
+{
+	static const int32_t sizes[] = { 1, 7, 16, 32 };
+
+	(void)state;
+	for (unsigned s = 0; s < sizeof(sizes) / sizeof(sizes[0]); s++) {
+		int32_t P = sizes[s];
+		int32_t lens[] = { 1, P > 1 ? P - 1 : 1, P, P + 1, 2 * P + 3, 9 };
+		struct run r = { .dt = KVA_BF16, .heads = 2, .group = 4, .dim = 64, .page_size = P,
+				 .lens = lens, .n = 6, .q_amp = 1, .share = true, .tol = 5e-5 };
+
+		check_run(&r, 200 + s);
+	}
+}
+
+static void test_split_boundaries_and_split_invariance(void **state)
+{
+	static const int32_t lens[] = { 511, 512, 513, 1024, 1025, 100 };
+	static const int32_t splits[] = { 16, 64, 512, 100000 };
+	const int32_t qh = 8, D = 128;
+	uint64_t rng = 5;
+	struct cache c;
+	struct batch b;
+	int32_t pages = pages_for(lens, 6, 16);
+	size_t nq = 6 * (size_t)qh * D;
+	float *q = malloc(sizeof(float) * nq), *base = malloc(sizeof(float) * nq);
+	float *out = malloc(sizeof(float) * nq);
+	double *ref = malloc(sizeof(double) * nq), rlse[6 * 8];
+
+	(void)state;
+	cache_make(&c, KVA_F16, pages, 16, 2, D, HND, 0);
+	batch_make(&b, lens, 6, 16, pages, false, &rng);
+	fill(&c, &b, 1.0f, &rng);
+	for (size_t i = 0; i < nq; i++)
+		q[i] = frand(&rng);
+	reference(&c, &b, q, qh, 0.1, ref, rlse);
+	for (int k = 0; k < n_isas; k++)
+		for (unsigned s = 0; s < sizeof(splits) / sizeof(splits[0]); s++) {
+			struct kva_decode_opts o = { .split_tokens = splits[s], .isa = isas[k] };
+
+			assert_int_equal(kva_decode(&c.kv, &b.pt, q, KVA_F32, qh, 0.1f, out, NULL, &o), 0);
+			if (!(worst(out, ref, 6 * (size_t)qh, D) <= 5e-5))
+				fail_msg("%s split %d: error %.3g", kva_isa_name(isas[k]), splits[s],
+					 worst(out, ref, 6 * (size_t)qh, D));
+			if (s == 0)
+				memcpy(base, out, sizeof(float) * nq);
+			/* splits merge by log-sum-exp: the same within rounding */
+			for (size_t i = 0; i < nq; i++)
+				assert_true(fabsf(out[i] - base[i]) <= 1e-5f * (1 + fabsf(base[i])));
+		}
+	cache_free(&c);
+	batch_free(&b);
+	free(q);
+	free(base);
+	free(out);
+	free(ref);
+}
+
+static void test_thread_count_changes_nothing(void **state)
+{
+	static const int32_t lens[] = { 3000, 17, 900, 1, 2048, 333, 5, 700 };
+	static const int threads[] = { 1, 2, 3, 7 };
+	const int32_t qh = 16, D = 64;
+	uint64_t rng = 9;
+	struct cache c;
+	struct batch b;
+	int32_t pages = pages_for(lens, 8, 32);
+	size_t nq = 8 * (size_t)qh * D;
+	float *q = malloc(sizeof(float) * nq), *first = malloc(sizeof(float) * nq);
+	float *out = malloc(sizeof(float) * nq), lse1[8 * 16], lse[8 * 16];
+
+	(void)state;
+	cache_make(&c, KVA_F16, pages, 32, 4, D, NHD, 0);
+	batch_make(&b, lens, 8, 32, pages, false, &rng);
+	fill(&c, &b, 1.0f, &rng);
+	for (size_t i = 0; i < nq; i++)
+		q[i] = frand(&rng);
+	for (int k = 0; k < n_isas; k++)
+		for (unsigned t = 0; t < 4; t++) {
+			struct kva_decode_opts o = { .threads = threads[t], .split_tokens = 256,
+						     .isa = isas[k] };
+
+			assert_int_equal(kva_decode(&c.kv, &b.pt, q, KVA_F32, qh, 0.125f, out, lse, &o),
+					 0);
+			if (t == 0) {
+				memcpy(first, out, sizeof(float) * nq);
+				memcpy(lse1, lse, sizeof(lse));
+			}
+			/* the plan does not depend on threads: bit for bit */
+			assert_memory_equal(out, first, sizeof(float) * nq);
+			assert_memory_equal(lse, lse1, sizeof(lse));
+		}
+	cache_free(&c);
+	batch_free(&b);
+	free(q);
+	free(first);
+	free(out);
+}
+
+static void test_long_context_past_16k(void **state)
+{
+	static const int32_t lens[] = { 16384 + 5, 3 };
+	struct run r = { .dt = KVA_F16, .heads = 1, .group = 8, .dim = 128, .page_size = 16,
+			 .lens = lens, .n = 2, .q_amp = 1, .tol = 5e-5 };
+
+	(void)state;
+	check_run(&r, 31);
+}
+
+static void test_strides_nhd_hnd_and_padding(void **state)
+{
+	static const int32_t lens[] = { 40, 7, 65 };
+	static const enum order orders[] = { HND, NHD };
+	static const int32_t pads[] = { 0, 16, 24 };
+
+	(void)state;
+	for (unsigned o = 0; o < 2; o++)
+		for (unsigned p = 0; p < 3; p++) {
+			struct run r = { .dt = KVA_F16, .heads = 3, .group = 2, .dim = 96,
+					 .page_size = 16, .lens = lens, .n = 3, .order = orders[o],
+					 .pad = pads[p], .q_amp = 1, .share = true, .tol = 5e-5 };
+
+			check_run(&r, 40 + 3 * o + p);
+		}
+}
+
+static void test_large_logits_stay_finite_and_exact(void **state)
+{
+	static const int32_t lens[] = { 300, 50 };
+	/* |q.k| * sm_scale in the hundreds: exp overflows without the running max */
+	struct run r = { .dt = KVA_F32, .heads = 2, .group = 4, .dim = 64, .page_size = 16,
+			 .lens = lens, .n = 2, .q_amp = 60, .tol = 1e-4 };
+
+	(void)state;
+	check_run(&r, 50);
+}
+
+static void test_empty_sequence_gives_zero_and_minus_inf_lse(void **state)
+{
+	static const int32_t lens[] = { 0, 20, 0 };
+	struct run r = { .dt = KVA_F16, .heads = 1, .group = 2, .dim = 64, .page_size = 16,
+			 .lens = lens, .n = 3, .q_amp = 1, .tol = 5e-5 };
+
+	(void)state;
+	check_run(&r, 60);
+}
+
+/* q and out in f16 and bf16: q rounded the same way for the reference */
+static void test_half_precision_queries_and_outputs(void **state)
+{
+	static const enum kva_dtype qts[] = { KVA_F16, KVA_BF16 };
+	static const int32_t lens[] = { 50, 16 };
+	const int32_t qh = 4, D = 64;
+	uint64_t rng = 70;
+	struct cache c;
+	struct batch b;
+	size_t nq = 2 * (size_t)qh * D;
+	float *qf = malloc(sizeof(float) * nq), *outf = malloc(sizeof(float) * nq);
+	uint16_t *q = malloc(2 * nq), *out = malloc(2 * nq);
+	double *ref = malloc(sizeof(double) * nq), rlse[8];
+
+	(void)state;
+	cache_make(&c, KVA_F16, 10, 16, 2, D, HND, 0);
+	batch_make(&b, lens, 2, 16, 10, false, &rng);
+	fill(&c, &b, 1.0f, &rng);
+	for (unsigned t = 0; t < 2; t++) {
+		for (size_t i = 0; i < nq; i++) {
+			float x = frand(&rng);
+
+			q[i] = qts[t] == KVA_F16 ? kva_f32_to_f16(x) : kva_f32_to_bf16(x);
+			qf[i] = qts[t] == KVA_F16 ? kva_f16_to_f32(q[i]) : kva_bf16_to_f32(q[i]);
+		}
+		reference(&c, &b, qf, qh, 0.125, ref, rlse);
+		for (int k = 0; k < n_isas; k++) {
+			struct kva_decode_opts o = { .isa = isas[k] };
+
+			assert_int_equal(kva_decode(&c.kv, &b.pt, q, qts[t], qh, 0.125f, out, NULL, &o),
+					 0);
+			for (size_t i = 0; i < nq; i++)
+				outf[i] = qts[t] == KVA_F16 ? kva_f16_to_f32(out[i])
+							    : kva_bf16_to_f32(out[i]);
+			/* output rounding: 2^-11 (f16), 2^-8 (bf16) */
+			assert_true(worst(outf, ref, 2 * (size_t)qh, D) <=
+				    (qts[t] == KVA_F16 ? 1e-3 : 8e-3));
+		}
+	}
+	cache_free(&c);
+	batch_free(&b);
+	free(qf);
+	free(outf);
+	free(q);
+	free(out);
+	free(ref);
+}
+
+/* fp8 and int8: exact against the dequantized values, and within their
+ * quantization error of the f32 values that were stored */
+static void test_quantized_caches_are_close_to_what_was_stored(void **state)
+{
+	static const int32_t lens[] = { 200, 31 };
+	static const enum kva_dtype dts[] = { KVA_FP8_E4M3, KVA_INT8 };
+	const int32_t qh = 8, D = 128, heads = 2;
+	uint64_t seed = 80;
+
+	(void)state;
+	for (unsigned t = 0; t < 2; t++) {
+		struct cache exact, quant;
+		struct batch b;
+		uint64_t r1 = seed, r2 = seed;
+		int32_t pages = pages_for(lens, 2, 16);
+		size_t nq = 2 * (size_t)qh * D;
+		float *q = malloc(sizeof(float) * nq), *out = malloc(sizeof(float) * nq);
+		double *ref = malloc(sizeof(double) * nq), rlse[16];
+
+		cache_make(&exact, KVA_F32, pages, 16, heads, D, HND, 0);
+		cache_make(&quant, dts[t], pages, 16, heads, D, HND, 0);
+		batch_make(&b, lens, 2, 16, pages, false, &r1);
+		r2 = r1; /* the same values below, for both caches */
+		fill(&exact, &b, 1.0f, &r1);
+		fill(&quant, &b, 1.0f, &r2); /* the same values, quantized */
+		for (size_t i = 0; i < nq; i++)
+			q[i] = frand(&r1);
+		reference(&exact, &b, q, qh, 0.1, ref, rlse);
+		for (int k = 0; k < n_isas; k++) {
+			struct kva_decode_opts o = { .isa = isas[k] };
+			double w;
+
+			assert_int_equal(kva_decode(&quant.kv, &b.pt, q, KVA_F32, qh, 0.1f, out, NULL, &o),
+					 0);
+			w = worst(out, ref, 2 * (size_t)qh, D);
+			/* int8: 1/254 of the range a value; fp8 e4m3: 2^-4 relative */
+			if (!(w <= (dts[t] == KVA_INT8 ? 0.02 : 0.08)))
+				fail_msg("%s %s: %.3g from the unquantized result", kva_isa_name(isas[k]),
+					 kva_dtype_name(dts[t]), w);
+		}
+		cache_free(&exact);
+		cache_free(&quant);
+		batch_free(&b);
+		free(q);
+		free(out);
+		free(ref);
+		seed++;
+	}
+}
+
+static void test_fp8_per_tensor_scale(void **state)
+{
+	static const int32_t lens[] = { 40 };
+	uint64_t rng = 90;
+	struct cache c;
+	struct batch b;
+	float q[4 * 64], out[4 * 64];
+	double ref[4 * 64], rlse[4];
+
+	(void)state;
+	cache_make(&c, KVA_FP8_E4M3, 4, 16, 2, 64, HND, 0);
+	c.kv.flags = KVA_KV_SCALE_PER_TENSOR;
+	c.k_scale[0] = 0.02f;
+	c.v_scale[0] = 0.03f;
+	batch_make(&b, lens, 1, 16, 4, false, &rng);
+	fill(&c, &b, 1.0f, &rng);
+	for (int i = 0; i < 4 * 64; i++)
+		q[i] = frand(&rng);
+	reference(&c, &b, q, 4, 0.125, ref, rlse);
+	for (int k = 0; k < n_isas; k++) {
+		struct kva_decode_opts o = { .isa = isas[k] };
+
+		assert_int_equal(kva_decode(&c.kv, &b.pt, q, KVA_F32, 4, 0.125f, out, NULL, &o), 0);
+		assert_true(worst(out, ref, 4, 64) <= 5e-5);
+	}
+	cache_free(&c);
+	batch_free(&b);
+}
+
+/* ------------------------------------------------------------- store */
+
+static void test_store_round_trips_and_skips_negative_slots(void **state)
+{
+	static const enum kva_dtype dts[] = { KVA_F32, KVA_F16, KVA_BF16, KVA_FP8_E4M3, KVA_INT8 };
+	const int32_t heads = 2, D = 64, n = 6;
+	int64_t slots[6] = { 5, -1, 17, 0, -7, 31 };
+	uint64_t rng = 11;
+
+	(void)state;
+	for (unsigned t = 0; t < 5; t++) {
+		struct cache c;
+		float k[6 * 2 * 64], v[6 * 2 * 64];
+		char *before;
+
+		cache_make(&c, dts[t], 2, 16, heads, D, NHD, 8);
+		for (int i = 0; i < n * heads * D; i++) {
+			k[i] = 3 * frand(&rng);
+			v[i] = 3 * frand(&rng);
+		}
+		before = malloc(c.bytes);
+		memcpy(before, c.k, c.bytes);
+		assert_int_equal(kva_store_kv(&c.kv, k, v, KVA_F32, slots, n), 0);
+		for (int i = 0; i < n; i++) {
+			if (slots[i] < 0)
+				continue;
+			for (int h = 0; h < heads; h++)
+				for (int d = 0; d < D; d++) {
+					int32_t page = (int32_t)(slots[i] / 16), off = (int32_t)(slots[i] % 16);
+					double got = elem(&c, c.k, c.k_scale, page, off, h, d);
+					double want = k[(i * heads + h) * D + d], bound;
+
+					switch (dts[t]) {
+					case KVA_F32: bound = 0; break;
+					case KVA_F16: bound = fabs(want) * 0x1p-11; break;
+					case KVA_BF16: bound = fabs(want) * 0x1p-8; break;
+					case KVA_FP8_E4M3: bound = fabs(want) * 0x1p-4 + 0.01 * 0x1p-9; break;
+					default: bound = 3.0 / 254 + 1e-6; break;
+					}
+					if (!(fabs(got - want) <= bound))
+						fail_msg("%s: slot %lld head %d dim %d: stored %g, read %g",
+							 kva_dtype_name(dts[t]), (long long)slots[i], h, d,
+							 want, got);
+				}
+		}
+		/* nothing else in the cache changed: the skipped slots and padding */
+		{
+			size_t changed = 0;
+
+			for (size_t i = 0; i < c.bytes; i++)
+				changed += before[i] != ((char *)c.k)[i];
+			assert_true(changed <= 4u * (size_t)heads * D * kva_dtype_size(dts[t]));
+		}
+		free(before);
+		cache_free(&c);
+	}
+}
+
+static void test_store_checks_every_slot_before_writing(void **state)
+{
+	struct cache c;
+	float x[2 * 64] = { 1 };
+	int64_t slots[2] = { 3, 32 }; /* 32 is past 2 pages of 16 */
+	char *before;
+
+	(void)state;
+	cache_make(&c, KVA_F16, 2, 16, 1, 64, HND, 0);
+	before = malloc(c.bytes);
+	memcpy(before, c.k, c.bytes);
+	assert_int_equal(kva_store_kv(&c.kv, x, x, KVA_F32, slots, 2), -EINVAL);
+	assert_memory_equal(before, c.k, c.bytes); /* slot 3 was not written either */
+	assert_int_equal(kva_store_kv(&c.kv, x, x, KVA_INT8, slots, 1), -EINVAL);
+	assert_int_equal(kva_store_kv(&c.kv, NULL, x, KVA_F32, slots, 1), -EINVAL);
+	assert_int_equal(kva_store_kv(&c.kv, x, x, KVA_F32, slots, -1), -EINVAL);
+	assert_int_equal(kva_store_kv(&c.kv, x, x, KVA_F32, slots, 0), 0);
+	free(before);
+	cache_free(&c);
+}
+
+/* ------------------------------------------------------- bad arguments */
+
+static void test_malformed_decode_arguments_are_einval(void **state)
+{
+	static const int32_t lens[] = { 20, 5 };
+	uint64_t rng = 3;
+	struct cache c;
+	struct batch b;
+	float q[2 * 4 * 64], out[2 * 4 * 64];
+	struct kva_kv_desc kv;
+	struct kva_page_table pt;
+	int32_t bad_indptr[3], bad_last[2], bad_idx[3];
+
+	(void)state;
+	cache_make(&c, KVA_F16, 8, 16, 2, 64, HND, 0);
+	batch_make(&b, lens, 2, 16, 8, false, &rng);
+	fill(&c, &b, 1, &rng);
+	memset(q, 0, sizeof(q));
+#define EXPECT(kvp, ptp, qh, scale) \
+	assert_int_equal(kva_decode(kvp, ptp, q, KVA_F32, qh, scale, out, NULL, NULL), -EINVAL)
+	EXPECT(NULL, &b.pt, 4, 1.0f);
+	EXPECT(&c.kv, NULL, 4, 1.0f);
+	EXPECT(&c.kv, &b.pt, 3, 1.0f);          /* not a multiple of the KV heads */
+	EXPECT(&c.kv, &b.pt, 2 * 65, 1.0f);     /* 65 query heads a KV head */
+	EXPECT(&c.kv, &b.pt, 4, 0.0f);
+	EXPECT(&c.kv, &b.pt, 4, NAN);
+	kv = c.kv, kv.head_dim = 0;
+	EXPECT(&kv, &b.pt, 4, 1.0f);
+	kv = c.kv, kv.dtype = (enum kva_dtype)17;
+	EXPECT(&kv, &b.pt, 4, 1.0f);
+	kv = c.kv, kv.token_stride = 10;         /* rows would overlap */
+	EXPECT(&kv, &b.pt, 4, 1.0f);
+	kv = c.kv, kv.page_size = 8;             /* disagrees with the table */
+	EXPECT(&kv, &b.pt, 4, 1.0f);
+	kv = c.kv, kv.dtype = KVA_INT8, kv.k_scale = NULL;
+	EXPECT(&kv, &b.pt, 4, 1.0f);
+	kv = c.kv, kv.num_pages = 1;             /* ids past it */
+	EXPECT(&kv, &b.pt, 4, 1.0f);
+	pt = b.pt;
+	memcpy(bad_indptr, b.indptr, sizeof(bad_indptr));
+	bad_indptr[1] = bad_indptr[2] + 1;       /* decreasing */
+	pt.indptr = bad_indptr;
+	EXPECT(&c.kv, &pt, 4, 1.0f);
+	bad_indptr[0] = 1;
+	EXPECT(&c.kv, &pt, 4, 1.0f);
+	pt = b.pt;
+	memcpy(bad_last, b.last, sizeof(bad_last));
+	bad_last[0] = 17;
+	pt.last_page_len = bad_last;
+	EXPECT(&c.kv, &pt, 4, 1.0f);
+	bad_last[0] = 0;
+	EXPECT(&c.kv, &pt, 4, 1.0f);
+	pt = b.pt;
+	memcpy(bad_idx, b.indices, sizeof(bad_idx));
+	bad_idx[2] = -1;
+	pt.indices = bad_idx;
+	EXPECT(&c.kv, &pt, 4, 1.0f);
+	bad_idx[2] = 8;
+	EXPECT(&c.kv, &pt, 4, 1.0f);
+	assert_non_null(strstr(kva_errmsg(), "page id 8"));
+	assert_int_equal(kva_decode(&c.kv, &b.pt, q, KVA_FP8_E4M3, 4, 1.0f, out, NULL, NULL),
+			 -EINVAL);
+	{
+		struct kva_decode_opts o = { .threads = -1 };
+
+		assert_int_equal(kva_decode(&c.kv, &b.pt, q, KVA_F32, 4, 1.0f, out, NULL, &o),
+				 -EINVAL);
+	}
+#undef EXPECT
+	cache_free(&c);
+	batch_free(&b);
+}
+
+/* ---------------------------------------------------------- page tables */
+
+static void test_block_table_to_csr_reads_only_used_entries(void **state)
+{
+	/* vLLM's padded table: 3 rows of 5, padding holds invalid ids */
+	const int32_t table[15] = { 4, 9, -77, -77, -77,  2, 0, 1, 3, -77,  -77, -77, -77, -77, -77 };
+	const int32_t lens[3] = { 20, 49, 0 };
+	int32_t indptr[4], indices[8], last[3];
+
+	(void)state;
+	assert_int_equal(kva_page_table_from_block_table(table, 5, lens, 3, 16, indptr, indices, last),
+			 6);
+	assert_int_equal(indptr[0], 0);
+	assert_int_equal(indptr[1], 2);
+	assert_int_equal(indptr[2], 6);
+	assert_int_equal(indptr[3], 6);
+	assert_int_equal(indices[0], 4);
+	assert_int_equal(indices[1], 9);
+	assert_int_equal(indices[5], 3);
+	assert_int_equal(last[0], 4);
+	assert_int_equal(last[1], 1);
+	assert_int_equal(last[2], 0);
+	{
+		const int32_t too_long[1] = { 100 };
+
+		assert_int_equal(kva_page_table_from_block_table(table, 5, too_long, 1, 16, indptr,
+								 indices, last), -EINVAL);
+	}
+	assert_int_equal(kva_page_table_from_block_table(table, 5, lens, -1, 16, indptr, indices,
+							 last), -EINVAL);
+}
+
+/* ------------------------------------------------------ number formats */
+
+static void test_half_and_bfloat_round_trip_exhaustively(void **state)
+{
+	(void)state;
+	for (uint32_t h = 0; h < 65536; h++) {
+		float f = kva_f16_to_f32((uint16_t)h), g = kva_bf16_to_f32((uint16_t)h);
+
+		if (f == f)
+			assert_int_equal(kva_f32_to_f16(f), h);
+		else
+			assert_true(kva_f32_to_f16(f) != kva_f32_to_f16(f) ||
+				    (kva_f32_to_f16(f) & 0x7c00) == 0x7c00);
+		if (g == g)
+			assert_int_equal(kva_f32_to_bf16(g), h);
+	}
+	/* ties round to even, overflow to infinity, underflow to zero */
+	assert_int_equal(kva_f32_to_f16(1.0f + 0x1p-11f), 0x3c00);
+	assert_int_equal(kva_f32_to_f16(1.0f + 3 * 0x1p-11f), 0x3c02);
+	assert_int_equal(kva_f32_to_f16(65520.0f), 0x7c00);
+	assert_int_equal(kva_f32_to_f16(0x1p-26f), 0);
+	assert_int_equal(kva_f32_to_bf16(1.0f + 0x1p-8f), 0x3f80);
+}
+
+/* the fp8 value nearest to x, ties to even, by brute force over all 254 */
+static uint8_t fp8_nearest(double x)
+{
+	uint8_t best = 0;
+	double bd = INFINITY;
+
+	if (fabs(x) >= 448)
+		return (uint8_t)(x < 0 ? 0xfe : 0x7e);
+	for (unsigned c = 0; c < 256; c++) {
+		double v = kva_fp8_to_f32((uint8_t)c), d = fabs(v - x);
+
+		if (v != v || (v == 0 && (c & 0x80) != (x < 0 ? 0x80u : 0u)))
+			continue;
+		if (d < bd || (d == bd && !(c & 1))) {
+			bd = d;
+			best = (uint8_t)c;
+		}
+	}
+	return best;
+}
+
+static void test_fp8_encodes_to_the_nearest_value(void **state)
+{
+	uint64_t rng = 12;
+
+	(void)state;
+	for (unsigned c = 0; c < 256; c++) {
+		float f = kva_fp8_to_f32((uint8_t)c);
+
+		if ((c & 0x7f) == 0x7f) {
+			assert_true(f != f);
+			continue;
+		}
+		assert_int_equal(kva_f32_to_fp8(f), c); /* every value round trips */
+	}
+	assert_true(kva_fp8_to_f32(0x7e) == 448.0f);
+	assert_true(kva_fp8_to_f32(0x01) == 0x1p-9f);
+	for (int i = 0; i < 20000; i++) {
+		float x = frand(&rng) * (i % 2 ? 500.0f : 0.03f);
+
+		if (kva_f32_to_fp8(x) != fp8_nearest(x))
+			fail_msg("fp8 of %a: %#x, nearest %#x", x, kva_f32_to_fp8(x), fp8_nearest(x));
+	}
+	assert_int_equal(kva_f32_to_fp8(1e9f), 0x7e);
+	assert_int_equal(kva_f32_to_fp8(-1e9f), 0xfe);
+	assert_int_equal(kva_f32_to_fp8(NAN) & 0x7f, 0x7f);
+}
+
+/* ------------------------------------------------------ over an arena */
+
+static void test_decode_over_arena_blocks_in_both_layouts(void **state)
+{
+	static const enum kva_layout layouts[] = { KVA_LAYOUT_BLOCK_MAJOR, KVA_LAYOUT_LAYER_MAJOR };
+	static const enum kva_dtype dts[] = { KVA_F16, KVA_INT8 };
+
+	(void)state;
+	for (unsigned l = 0; l < 2; l++)
+		for (unsigned t = 0; t < 2; t++) {
+			struct kva_geometry g = { .block_tokens = 16, .layers = 3, .kv_heads = 2,
+						  .head_dim = 64, .dtype = dts[t],
+						  .layout = layouts[l] };
+			struct kva_arena_opts o = { .blocks = 64, .numa_node = -1 };
+			struct kva_arena *a;
+			struct kva_worker *w;
+			uint32_t ids[10];
+			int32_t indptr[3] = { 0, 6, 10 }, indices[10], last[2] = { 7, 16 };
+			struct kva_page_table pt = { 2, 16, indptr, indices, last };
+			struct kva_kv_desc kv;
+			struct cache shadow;
+			uint64_t rng = 13;
+			float q[2 * 4 * 64], out[2 * 4 * 64], k[2 * 64], v[2 * 64];
+			double ref[2 * 4 * 64], rlse[8];
+			struct batch b = { .n = 2, .page_size = 16, .indptr = indptr,
+					   .indices = indices, .last = last };
+			int32_t lens[2] = { 87, 64 };
+
+			assert_int_equal(kva_arena_create(&g, &o, &a), 0);
+			assert_int_equal(kva_worker_join(a, "kernels", &w), 0);
+			assert_int_equal(kva_alloc(w, 10, ids), 0);
+			for (int i = 0; i < 10; i++)
+				indices[i] = (int32_t)ids[9 - i]; /* a permuted table */
+			b.lens = lens;
+			assert_int_equal(kva_kv_desc_for_arena(a, 1, &kv), 0);
+			assert_int_equal(kva_kv_desc_for_arena(a, 3, &kv), -EINVAL);
+			assert_int_equal(kva_kv_desc_for_arena(a, 1, &kv), 0);
+			/* write layer 1 of every used block through the descriptor */
+			for (int i = 0; i < 2; i++)
+				for (int32_t tk = 0; tk < lens[i]; tk++) {
+					int64_t slot = (int64_t)indices[indptr[i] + tk / 16] * 16 + tk % 16;
+
+					for (int j = 0; j < 2 * 64; j++) {
+						k[j] = frand(&rng);
+						v[j] = frand(&rng);
+					}
+					assert_int_equal(kva_store_kv(&kv, k, v, KVA_F32, &slot, 1), 0);
+				}
+			for (int i = 0; i < 2 * 4 * 64; i++)
+				q[i] = frand(&rng);
+			shadow = (struct cache){ .kv = kv, .k_scale = (float *)kv.k_scale,
+						 .v_scale = (float *)kv.v_scale };
+			shadow.k = (void *)kv.k;
+			shadow.v = (void *)kv.v;
+			reference(&shadow, &b, q, 4, 0.125, ref, rlse);
+			for (int k2 = 0; k2 < n_isas; k2++) {
+				struct kva_decode_opts dopts = { .isa = isas[k2] };
+
+				assert_int_equal(kva_decode(&kv, &pt, q, KVA_F32, 4, 0.125f, out, NULL,
+							    &dopts), 0);
+				assert_true(worst(out, ref, 8, 64) <= 5e-5);
+			}
+			assert_int_equal(kva_free(w, ids, 10), 0);
+			kva_worker_leave(w);
+			kva_arena_close(a);
+		}
+}
+
+static int setup(void **state)
+{
+	(void)state;
+	n_isas = 0;
+	for (int isa = KVA_ISA_SCALAR; isa <= KVA_ISA_AVX512; isa++)
+		if ((int)kva_isa_best() >= isa)
+			isas[n_isas++] = (enum kva_isa)isa;
+	fprintf(stderr, "  ISA paths tested:");
+	for (int k = 0; k < n_isas; k++)
+		fprintf(stderr, " %s", kva_isa_name(isas[k]));
+	fprintf(stderr, "\n");
+	return 0;
+}
+
+int main(void)
+{
+	const struct CMUnitTest tests[] = {
+		cmocka_unit_test(test_every_dtype_and_head_dim_matches_the_reference),
+		cmocka_unit_test(test_gqa_and_mqa_groups),
+		cmocka_unit_test(test_page_sizes_and_lengths_around_boundaries),
+		cmocka_unit_test(test_split_boundaries_and_split_invariance),
+		cmocka_unit_test(test_thread_count_changes_nothing),
+		cmocka_unit_test(test_long_context_past_16k),
+		cmocka_unit_test(test_strides_nhd_hnd_and_padding),
+		cmocka_unit_test(test_large_logits_stay_finite_and_exact),
+		cmocka_unit_test(test_empty_sequence_gives_zero_and_minus_inf_lse),
+		cmocka_unit_test(test_half_precision_queries_and_outputs),
+		cmocka_unit_test(test_quantized_caches_are_close_to_what_was_stored),
+		cmocka_unit_test(test_fp8_per_tensor_scale),
+		cmocka_unit_test(test_store_round_trips_and_skips_negative_slots),
+		cmocka_unit_test(test_store_checks_every_slot_before_writing),
+		cmocka_unit_test(test_malformed_decode_arguments_are_einval),
+		cmocka_unit_test(test_block_table_to_csr_reads_only_used_entries),
+		cmocka_unit_test(test_half_and_bfloat_round_trip_exhaustively),
+		cmocka_unit_test(test_fp8_encodes_to_the_nearest_value),
+		cmocka_unit_test(test_decode_over_arena_blocks_in_both_layouts),
+	};
+
+	return cmocka_run_group_tests_name("kernels", tests, setup, NULL);
+}
