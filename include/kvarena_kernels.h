@@ -121,6 +121,80 @@ int kva_kernel_threads(void);
 enum kva_isa kva_isa_best(void);
 const char *kva_isa_name(enum kva_isa isa);
 
+/* ------------------------------------------------------------------ CUDA */
+/*
+ * The same decode and store on an NVIDIA GPU (the library carries sm_80 and
+ * sm_90 code and PTX the driver compiles for newer GPUs). libcuda is loaded
+ * at run time, never linked: on a machine without a driver these calls
+ * return -ENODEV and everything else works.
+ *
+ * Pointers: every data pointer - in @kv (k, v, k_scale, v_scale), in @pt
+ * (indptr, indices, last_page_len), @q, @out, @lse, @k, @v, @slot_mapping -
+ * is a DEVICE pointer of the calling thread's current CUDA context (with
+ * none current, device 0's primary context, the one the CUDA runtime uses);
+ * the structs kva_kv_desc and kva_page_table themselves are in host memory.
+ * Work is queued on @stream (a CUstream; NULL: the legacy default stream)
+ * and the calls return before it runs; it may be captured in a CUDA graph.
+ * Scratch memory comes from the device's stream-ordered pool
+ * (cuMemAllocAsync) and is freed on the same stream.
+ *
+ * Checked on the host, as kva_decode / kva_store_kv check them (-EINVAL,
+ * kva_errmsg() says which): the descriptor, dtypes, group, sm_scale, batch,
+ * page_size agreement, NULL pointers, the options. Not checked on the host,
+ * because they live on the device: the page table's contents, slot_mapping
+ * and the fp8 scales. The kernels check those instead: a sequence whose
+ * indptr / last_page_len are inconsistent or which names a page id outside
+ * 0..num_pages-1 reads nothing outside the cache and gets NaN in every out
+ * and lse element of its query heads; a store with a slot past the last page
+ * or a bad fp8 scale writes nothing at all. Either sets a bit below in the
+ * module's error word (kva_cuda_take_errors).
+ */
+#define KVA_CUDA_ERR_PAGE_TABLE 0x1u /* indptr or last_page_len inconsistent, indices NULL */
+#define KVA_CUDA_ERR_PAGE_ID 0x2u    /* a page id outside 0..num_pages-1 */
+#define KVA_CUDA_ERR_SLOT 0x4u       /* store: a slot past the last page */
+#define KVA_CUDA_ERR_SCALE 0x8u      /* store: an fp8 scale not positive and finite */
+
+/*
+ * kva_cuda_available - whether the CUDA calls can run here: the library was
+ * built with nvcc, libcuda.so.1 loads, and there is a device. Safe to call
+ * anywhere, any number of times (the driver is loaded once).
+ * Return: 0, -ENOTSUP (built without nvcc) or -ENODEV (no driver, a driver
+ * too old, or no device); kva_errmsg() says which.
+ */
+int kva_cuda_available(void);
+
+/*
+ * kva_decode_cuda - kva_decode on the GPU (see the pointer rules above).
+ * Same arguments and results as kva_decode, to fp32 rounding: the split plan
+ * is the same for the same options; @opts->threads and @opts->isa are
+ * checked as kva_decode checks them and otherwise ignored. Scratch is
+ * batch * num_kv_heads * max_splits * group * (head_dim + 2) floats plus q
+ * in fp32: lower @opts->max_splits to bound it.
+ * Return: 0 (queued), -EINVAL, -ENOTSUP or -ENODEV as kva_cuda_available,
+ * -ENOMEM (scratch), -EIO (another driver failure; kva_errmsg() names it).
+ */
+int kva_decode_cuda(const struct kva_kv_desc *kv, const struct kva_page_table *pt,
+		    const void *q, enum kva_dtype q_dtype, int32_t num_q_heads, float sm_scale,
+		    void *out, float *lse, const struct kva_decode_opts *opts, void *stream);
+
+/*
+ * kva_store_kv_cuda - kva_store_kv on the GPU (see the pointer rules above),
+ * writing the same bytes (and int8 scales) as kva_store_kv. The slots and
+ * fp8 scales are checked by one kernel before the next writes anything.
+ * Return: 0 (queued), -EINVAL, -ENOTSUP, -ENODEV, -ENOMEM, -EIO.
+ */
+int kva_store_kv_cuda(const struct kva_kv_desc *kv, const void *k, const void *v,
+		      enum kva_dtype in_dtype, const int64_t *slot_mapping, int32_t n_tokens,
+		      void *stream);
+
+/*
+ * kva_cuda_take_errors - the KVA_CUDA_ERR_* bits the kernels of the calling
+ * thread's context set since the last call, in *@errors, and clears them.
+ * Waits for the context's queued work first, so it is for checks and
+ * debugging, not for every step. Return: 0, -ENOTSUP, -ENODEV, -EIO.
+ */
+int kva_cuda_take_errors(uint32_t *errors);
+
 #ifdef __cplusplus
 }
 #endif

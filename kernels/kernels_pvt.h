@@ -53,6 +53,12 @@ static inline float kva__scale(const struct kva_kv_desc *kv, const float *base, 
 	return 1.0f;
 }
 
+/* bytes per element, inline (kva_dtype_size is a library call) */
+static inline size_t kva__esize(enum kva_dtype t)
+{
+	return t == KVA_F32 ? 4 : t == KVA_F16 || t == KVA_BF16 ? 2 : 1;
+}
+
 /* The address of token @t (in the sequence) of the tile's head in K or V. */
 static inline const void *kva__row(const struct kva__tile *tl, const void *base, int32_t t)
 {
@@ -60,7 +66,51 @@ static inline const void *kva__row(const struct kva__tile *tl, const void *base,
 	int64_t e = kva_kv_index(kv->page_stride, kv->token_stride, kv->head_stride,
 				 tl->pages[t / kv->page_size], t % kv->page_size, tl->kv_head);
 
-	return (const char *)base + e * (int64_t)kva_dtype_size(kv->dtype);
+	return (const char *)base + e * (int64_t)kva__esize(kv->dtype);
+}
+
+/*
+ * The rows of a block of the tile's tokens: K and V addresses and scales,
+ * walked page by page without a division per token (the vector paths call
+ * this once per block of KVA__BLOCK_TOKENS).
+ */
+struct kva__rows {
+	const char *k[KVA__BLOCK_TOKENS], *v[KVA__BLOCK_TOKENS];
+	float ks[KVA__BLOCK_TOKENS], vs[KVA__BLOCK_TOKENS];
+	int n;
+};
+
+static inline void kva__rows_at(const struct kva__tile *t, int32_t tb, struct kva__rows *r)
+{
+	const struct kva_kv_desc *kv = t->kv;
+	const int64_t esize = (int64_t)kva__esize(kv->dtype);
+	const int64_t head = (int64_t)t->kv_head * kv->head_stride, tok_bytes = kv->token_stride * esize;
+	int32_t pi = tb / kv->page_size, off = tb % kv->page_size, n;
+	const char *kp = NULL, *vp = NULL;
+
+	n = t->t1 - tb < KVA__BLOCK_TOKENS ? t->t1 - tb : KVA__BLOCK_TOKENS;
+	r->n = n > 0 ? n : 0;
+	for (int i = 0; i < r->n; i++, off++) {
+		int32_t page;
+
+		if (off == kv->page_size) {
+			off = 0;
+			pi++;
+		}
+		page = t->pages[pi];
+		if (i == 0 || off == 0) {
+			int64_t e = (int64_t)page * kv->page_stride + head;
+
+			kp = (const char *)kv->k + e * esize;
+			vp = (const char *)kv->v + e * esize;
+		}
+		r->k[i] = kp + off * tok_bytes;
+		r->v[i] = vp + off * tok_bytes;
+		r->ks[i] = kva__scale(kv, kv->k_scale, page, off, t->kv_head);
+		r->vs[i] = kva__scale(kv, kv->v_scale, page, off, t->kv_head);
+	}
+	for (int i = r->n; i < KVA__BLOCK_TOKENS; i++)
+		r->vs[i] = 0.0f; /* p is 0 past the end: so must p * vs be */
 }
 
 /* pool.c */

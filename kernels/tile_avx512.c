@@ -95,23 +95,31 @@ AI __mmask16 first(int n)
 	return n >= 16 ? (__mmask16)0xffff : n <= 0 ? 0 : (__mmask16)((1u << n) - 1);
 }
 
-struct block {
-	const char *k[KVA__BLOCK_TOKENS], *v[KVA__BLOCK_TOKENS];
-	float ks[KVA__BLOCK_TOKENS], vs[KVA__BLOCK_TOKENS];
-	int n;
-};
+/*
+ * Prefetch the rows of tokens [i, i + n) of the next block (@nx), spread over
+ * the loops that compute this one: a burst of a whole block's prefetches
+ * would stall on the line fill buffers.
+ */
+AI void prefetch(const char *const *rows, const struct kva__rows *nx, int i, int n,
+		 size_t row_bytes)
+{
+	for (int j = i; j < i + n && j < nx->n; j++)
+		for (size_t off = 0; off < row_bytes; off += 128)
+			_mm_prefetch(rows[j] + off, _MM_HINT_T0);
+}
 
 /*
- * Score tokens [i, i + TB) x heads [g0, g0 + GB) of the block into s[g][i]:
- * TB * GB = 16 dot products, reduced together.
+ * Score tokens [i, i + nt) x heads [g0, g0 + ng) of the block into s[g][i]:
+ * up to TB * GB = 16 dot products, reduced together. Called with nt == TB
+ * and ng == GB as constants for all but a block's last tile, so that the
+ * loops unroll without a test.
  */
-AI void score16(const struct kva__tile *t, const struct block *bk, const float *q, int i, int g0,
-		float s[][KVA__BLOCK_TOKENS], const enum kva_dtype dt, const int NC, const int TB,
-		const int GB)
+AI void score_body(const struct kva__tile *t, const struct kva__rows *bk, int i, int g0,
+		   float s[][KVA__BLOCK_TOKENS], const enum kva_dtype dt, const int NC,
+		   const int GB, const int nt, const int ng)
 {
-	const int D = NC * 16, nt = bk->n - i < TB ? bk->n - i : TB;
-	const int ng = t->group - g0 < GB ? t->group - g0 : GB;
-	const size_t esize = kva_dtype_size(dt);
+	const int D = NC * 16;
+	const size_t esize = kva__esize(dt);
 	__m512 a[16], qv[4];
 	float r[16];
 
@@ -119,16 +127,12 @@ AI void score16(const struct kva__tile *t, const struct block *bk, const float *
 		a[j] = _mm512_setzero_ps();
 	/* registers: 16 accumulators, GB query chunks, one K chunk */
 	for (int c = 0; c < NC; c++) {
-		for (int gg = 0; gg < GB; gg++)
-			qv[gg] = gg < ng ? _mm512_loadu_ps(q + (size_t)(g0 + gg) * D + c * 16)
-					 : _mm512_setzero_ps();
-		for (int tt = 0; tt < TB; tt++) {
-			__m512 kc;
+		for (int gg = 0; gg < ng; gg++)
+			qv[gg] = _mm512_loadu_ps(t->q + (size_t)(g0 + gg) * D + c * 16);
+		for (int tt = 0; tt < nt; tt++) {
+			__m512 kc = load16(bk->k[i + tt] + (size_t)c * 16 * esize, dt);
 
-			if (tt >= nt)
-				break;
-			kc = load16(bk->k[i + tt] + (size_t)c * 16 * esize, dt);
-			for (int gg = 0; gg < GB; gg++)
+			for (int gg = 0; gg < ng; gg++)
 				a[tt * GB + gg] = _mm512_fmadd_ps(kc, qv[gg], a[tt * GB + gg]);
 		}
 	}
@@ -138,108 +142,125 @@ AI void score16(const struct kva__tile *t, const struct block *bk, const float *
 			s[g0 + gg][i + tt] = r[tt * GB + gg] * bk->ks[i + tt];
 }
 
-/* acc[g] += sum_t p[g][t] v[t] for the block, four tokens and four heads at a time */
-AI void accumulate(const struct kva__tile *t, const struct block *bk,
-		   float s[][KVA__BLOCK_TOKENS], const enum kva_dtype dt, const int NC)
+AI void score16(const struct kva__tile *t, const struct kva__rows *bk, const struct kva__rows *nx,
+		int i, int g0, float s[][KVA__BLOCK_TOKENS], const enum kva_dtype dt, const int NC,
+		const int TB, const int GB)
 {
-	const int D = NC * 16, G = t->group;
-	const size_t esize = kva_dtype_size(dt);
+	const int nt = bk->n - i < TB ? bk->n - i : TB;
+	const int ng = t->group - g0 < GB ? t->group - g0 : GB;
 
-	for (int i = 0; i < bk->n; i += 4) {
-		const int nt = bk->n - i < 4 ? bk->n - i : 4;
-
-		for (int g0 = 0; g0 < G; g0 += 4) {
-			const int ng = G - g0 < 4 ? G - g0 : 4;
-			__m512 p[4][4];
-
-			for (int gg = 0; gg < 4; gg++)
-				for (int tt = 0; tt < 4; tt++)
-					p[gg][tt] = _mm512_set1_ps(gg < ng && tt < nt ? s[g0 + gg][i + tt]
-										      : 0.0f);
-			for (int c = 0; c < NC; c++) {
-				__m512 vc[4];
-
-				for (int tt = 0; tt < 4; tt++)
-					vc[tt] = tt < nt ? load16(bk->v[i + tt] + (size_t)c * 16 * esize, dt)
-							 : _mm512_setzero_ps();
-				for (int gg = 0; gg < ng; gg++) {
-					float *o = t->acc + (size_t)(g0 + gg) * D + c * 16;
-					__m512 acc = _mm512_loadu_ps(o);
-
-					for (int tt = 0; tt < 4; tt++)
-						acc = _mm512_fmadd_ps(p[gg][tt], vc[tt], acc);
-					_mm512_storeu_ps(o, acc);
-				}
-			}
-		}
-	}
+	if (g0 == 0)
+		prefetch(nx->k, nx, i, TB, (size_t)NC * 16 * kva__esize(dt));
+	if (nt == TB && ng == GB)
+		score_body(t, bk, i, g0, s, dt, NC, GB, TB, GB);
+	else
+		score_body(t, bk, i, g0, s, dt, NC, GB, nt, ng);
 }
 
-/* every cache line of the rows of tokens [from, to) of the tile's head */
-AI void prefetch_rows(const struct kva__tile *t, int32_t from, int32_t to, size_t row_bytes)
+/*
+ * acc[g] += sum_t p[g][t] v[t] over the block. The accumulators of GB heads x
+ * CG chunks of head_dim (16 zmm) stay in registers for the whole block; each
+ * V chunk, converted once, feeds GB FMAs whose p comes from memory as an
+ * embedded broadcast.
+ */
+AI void accumulate_body(const struct kva__tile *t, const struct kva__rows *bk,
+			float s[][KVA__BLOCK_TOKENS], int g0, int c0, const enum kva_dtype dt,
+			const int NC, const int CG, const int ng, const int nc)
 {
-	for (int32_t tok = from; tok < to; tok++) {
-		const char *k = kva__row(t, t->kv->k, tok), *v = kva__row(t, t->kv->v, tok);
+	const int D = NC * 16;
+	const size_t esize = kva__esize(dt);
+	__m512 acc[16];
 
-		for (size_t off = 0; off < row_bytes; off += 64) {
-			_mm_prefetch(k + off, _MM_HINT_T0);
-			_mm_prefetch(v + off, _MM_HINT_T0);
+	for (int gg = 0; gg < ng; gg++)
+		for (int cc = 0; cc < nc; cc++)
+			acc[gg * CG + cc] = _mm512_loadu_ps(t->acc + (size_t)(g0 + gg) * D + (c0 + cc) * 16);
+	for (int i = 0; i < bk->n; i++) {
+		const char *row = bk->v[i] + (size_t)c0 * 16 * esize;
+
+		for (int cc = 0; cc < nc; cc++) {
+			__m512 vc = load16(row + (size_t)cc * 16 * esize, dt);
+
+			for (int gg = 0; gg < ng; gg++)
+				acc[gg * CG + cc] = _mm512_fmadd_ps(_mm512_set1_ps(s[g0 + gg][i]), vc,
+								    acc[gg * CG + cc]);
 		}
+	}
+	for (int gg = 0; gg < ng; gg++)
+		for (int cc = 0; cc < nc; cc++)
+			_mm512_storeu_ps(t->acc + (size_t)(g0 + gg) * D + (c0 + cc) * 16,
+					 acc[gg * CG + cc]);
+}
+
+/* one part: GB heads x CG chunks (constants when whole) */
+AI void accumulate_part(const struct kva__tile *t, const struct kva__rows *bk,
+			float s[][KVA__BLOCK_TOKENS], int g0, int c0, const enum kva_dtype dt,
+			const int NC, const int GB, const int CG)
+{
+	const int ng = t->group - g0 < GB ? t->group - g0 : GB;
+	const int nc = NC - c0 < CG ? NC - c0 : CG;
+
+	if (ng == GB && nc == CG)
+		accumulate_body(t, bk, s, g0, c0, dt, NC, CG, GB, CG);
+	else
+		accumulate_body(t, bk, s, g0, c0, dt, NC, CG, ng, nc);
+}
+
+AI void accumulate(const struct kva__tile *t, const struct kva__rows *bk,
+		   const struct kva__rows *nx, float s[][KVA__BLOCK_TOKENS],
+		   const enum kva_dtype dt, const int NC)
+{
+	const int G = t->group;
+
+	prefetch(nx->v, nx, 0, nx->n, (size_t)NC * 16 * kva__esize(dt));
+	if (G == 1) {
+		for (int c0 = 0; c0 < NC; c0 += 16)
+			accumulate_part(t, bk, s, 0, c0, dt, NC, 1, 16);
+	} else if (G == 2) {
+		for (int c0 = 0; c0 < NC; c0 += 8)
+			accumulate_part(t, bk, s, 0, c0, dt, NC, 2, 8);
+	} else {
+		for (int g0 = 0; g0 < G; g0 += 4)
+			for (int c0 = 0; c0 < NC; c0 += 4)
+				accumulate_part(t, bk, s, g0, c0, dt, NC, 4, 4);
 	}
 }
 
 AI void tile(const struct kva__tile *t, const enum kva_dtype dt, const int NC)
 {
-	const struct kva_kv_desc *kv = t->kv;
-	const int G = t->group, D = NC * 16, P = kv->page_size;
-	const size_t row_bytes = (size_t)D * kva_dtype_size(dt);
+	const int G = t->group, D = NC * 16;
 	_Alignas(64) float s[KVA__MAX_GROUP][KVA__BLOCK_TOKENS];
-	struct block bk;
+	struct kva__rows rows[2], *bk = &rows[0], *nx = &rows[1];
 
 	for (int g = 0; g < G; g++) {
 		t->m[g] = -INFINITY;
 		t->l[g] = 0.0f;
 	}
 	memset(t->acc, 0, sizeof(float) * (size_t)G * D);
-	prefetch_rows(t, t->t0, t->t0 + KVA__BLOCK_TOKENS < t->t1 ? t->t0 + KVA__BLOCK_TOKENS : t->t1,
-		      row_bytes);
+	kva__rows_at(t, t->t0, bk);
+	prefetch(bk->k, bk, 0, 4, (size_t)D * kva__esize(dt));
 
 	for (int32_t tb = t->t0; tb < t->t1; tb += KVA__BLOCK_TOKENS) {
-		int32_t next = tb + KVA__BLOCK_TOKENS;
+		struct kva__rows *swap;
 
-		bk.n = t->t1 - tb < KVA__BLOCK_TOKENS ? t->t1 - tb : KVA__BLOCK_TOKENS;
-		for (int i = 0; i < bk.n; i++) {
-			int32_t tok = tb + i, page = t->pages[tok / P];
-
-			bk.k[i] = kva__row(t, kv->k, tok);
-			bk.v[i] = kva__row(t, kv->v, tok);
-			bk.ks[i] = kva__scale(kv, kv->k_scale, page, tok % P, t->kv_head);
-			bk.vs[i] = kva__scale(kv, kv->v_scale, page, tok % P, t->kv_head);
-		}
-		for (int i = bk.n; i < KVA__BLOCK_TOKENS; i++)
-			bk.vs[i] = 0.0f; /* p is 0 there: so must p * vs be */
-		if (next < t->t1)
-			prefetch_rows(t, next,
-				      next + KVA__BLOCK_TOKENS < t->t1 ? next + KVA__BLOCK_TOKENS : t->t1,
-				      row_bytes);
+		kva__rows_at(t, tb + KVA__BLOCK_TOKENS, nx); /* n = 0 past the end */
 
 		/* scores: 16 tokens x 1 head, 8 x 2 or 4 x 4 at a time */
 		if (G == 1)
-			for (int i = 0; i < bk.n; i += 16)
-				score16(t, &bk, t->q, i, 0, s, dt, NC, 16, 1);
+			for (int i = 0; i < bk->n; i += 16)
+				score16(t, bk, nx, i, 0, s, dt, NC, 16, 1);
 		else if (G == 2)
-			for (int i = 0; i < bk.n; i += 8)
-				score16(t, &bk, t->q, i, 0, s, dt, NC, 8, 2);
+			for (int i = 0; i < bk->n; i += 8)
+				score16(t, bk, nx, i, 0, s, dt, NC, 8, 2);
 		else
-			for (int i = 0; i < bk.n; i += 4)
+			for (int i = 0; i < bk->n; i += 4)
 				for (int g0 = 0; g0 < G; g0 += 4)
-					score16(t, &bk, t->q, i, g0, s, dt, NC, 4, 4);
+					score16(t, bk, nx, i, g0, s, dt, NC, 4, 4);
 
 		/* fold the block into each head's running state; s becomes
 		 * p * (V scale), ready for accumulate() */
 		for (int g = 0; g < G; g++) {
-			__m512 lo = _mm512_mask_loadu_ps(_mm512_set1_ps(-INFINITY), first(bk.n), s[g]);
-			__m512 hi = _mm512_mask_loadu_ps(_mm512_set1_ps(-INFINITY), first(bk.n - 16),
+			__m512 lo = _mm512_mask_loadu_ps(_mm512_set1_ps(-INFINITY), first(bk->n), s[g]);
+			__m512 hi = _mm512_mask_loadu_ps(_mm512_set1_ps(-INFINITY), first(bk->n - 16),
 							 s[g] + 16);
 			float mb = kva_max(t->m[g], _mm512_reduce_max_ps(_mm512_max_ps(lo, hi)));
 			float r = kva_rescale(t->m[g], mb);
@@ -256,17 +277,20 @@ AI void tile(const struct kva__tile *t, const enum kva_dtype dt, const int NC)
 				}
 			}
 			t->m[g] = mb;
-			plo = _mm512_maskz_mov_ps(first(bk.n), exp2_ps(_mm512_sub_ps(lo, m)));
-			phi = _mm512_maskz_mov_ps(first(bk.n - 16), exp2_ps(_mm512_sub_ps(hi, m)));
+			plo = _mm512_maskz_mov_ps(first(bk->n), exp2_ps(_mm512_sub_ps(lo, m)));
+			phi = _mm512_maskz_mov_ps(first(bk->n - 16), exp2_ps(_mm512_sub_ps(hi, m)));
 			t->l[g] += _mm512_reduce_add_ps(_mm512_add_ps(plo, phi));
 			if (dt == KVA_FP8_E4M3 || dt == KVA_INT8) {
-				plo = _mm512_mul_ps(plo, _mm512_loadu_ps(bk.vs));
-				phi = _mm512_mul_ps(phi, _mm512_loadu_ps(bk.vs + 16));
+				plo = _mm512_mul_ps(plo, _mm512_loadu_ps(bk->vs));
+				phi = _mm512_mul_ps(phi, _mm512_loadu_ps(bk->vs + 16));
 			}
 			_mm512_store_ps(s[g], plo);
 			_mm512_store_ps(s[g] + 16, phi);
 		}
-		accumulate(t, &bk, s, dt, NC);
+		accumulate(t, bk, nx, s, dt, NC);
+		swap = bk;
+		bk = nx;
+		nx = swap;
 	}
 }
 

@@ -55,6 +55,16 @@ void bench_line_num(struct bench_line *l, const char *key, double v, int decimal
 		line_add(l, ",\"%s\":null", key);
 }
 
+void bench_line_str(struct bench_line *l, const char *key, const char *v)
+{
+	line_add(l, ",\"%s\":\"%s\"", key, v);
+}
+
+void bench_line_bool(struct bench_line *l, const char *key, bool v)
+{
+	line_add(l, ",\"%s\":%s", key, v ? "true" : "false");
+}
+
 int bench_line_print(struct bench_line *l)
 {
 	line_add(l, "}\n");

@@ -208,6 +208,9 @@ struct bench_line {
 void bench_line_begin(struct bench_line *l, const char *bench, const char *mode);
 /* a number with @decimals digits after the point; NaN or infinity print null */
 void bench_line_num(struct bench_line *l, const char *key, double v, int decimals);
+/* a string value: the program's own constant (a dtype or ISA name), not escaped */
+void bench_line_str(struct bench_line *l, const char *key, const char *v);
+void bench_line_bool(struct bench_line *l, const char *key, bool v);
 /* Return: 0, -ENOBUFS (the line outgrew its buffer), -EIO (stdout failed). */
 int bench_line_print(struct bench_line *l);
 
@@ -216,6 +219,40 @@ int bench_line_print(struct bench_line *l);
 int bench_alloc_main(int argc, char **argv);         /* bench_alloc.c */
 int bench_attach_main(int argc, char **argv);        /* bench_agent.c */
 int bench_reclaim_agent_main(int argc, char **argv); /* bench_agent.c */
+int bench_decode_main(int argc, char **argv);        /* bench_decode.c */
+
+/* ------------------------------ bench_readbw.c: memory read bandwidth */
+
+enum bench_read_pattern {
+	BENCH_READ_SWEEP = 0, /* each thread reads one contiguous share */
+	BENCH_READ_4K = 1,    /* 4 KiB chunks in a random order, a share each */
+	BENCH_READ_64K = 2,   /* 64 KiB chunks likewise */
+};
+
+/* A buffer of random bytes, touched, and a team of threads that read it. */
+struct bench_readbw;
+
+/*
+ * bench_readbw_open - map and fill @max_bytes, start @max_threads - 1 helper
+ * threads (the caller is the first), pick the widest reader the CPU has.
+ * Return: 0, -EINVAL, -ENOMEM, or a failed mmap's or pthread_create's -errno.
+ */
+int bench_readbw_open(size_t max_bytes, unsigned max_threads, uint64_t seed,
+		      struct bench_readbw **out);
+void bench_readbw_close(struct bench_readbw *r);
+/* the reader's instruction set: "avx512", "avx2" or "scalar" */
+const char *bench_readbw_isa(const struct bench_readbw *r);
+
+/*
+ * bench_readbw_run - read the first @bytes of the buffer @reps times over
+ * in @pattern with @threads threads (each repeats its own share @reps
+ * times), and say how long that took, wall clock, from the start of the
+ * first thread to the end of the last. The chunk orders for a new @bytes
+ * are drawn before the clock starts.
+ * Return: 0, -EINVAL, -ENOMEM.
+ */
+int bench_readbw_run(struct bench_readbw *r, enum bench_read_pattern pattern, size_t bytes,
+		     unsigned threads, unsigned reps, uint64_t *elapsed_ns);
 
 /* ----------------------------------------- bench_dpdk.c: the DPDK peer */
 

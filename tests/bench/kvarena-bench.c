@@ -22,6 +22,8 @@ static const struct subcommand {
 		    "connect() to it", bench_attach_main },
 	{ "reclaim-agent", "SIGKILL of an attached worker until the agent has freed its "
 			   "blocks", bench_reclaim_agent_main },
+	{ "decode", "kva_decode over an arena against the read bandwidth of the same "
+		    "threads and a naive decode", bench_decode_main },
 };
 
 #define N_SUBCOMMANDS (sizeof(subcommands) / sizeof(subcommands[0]))

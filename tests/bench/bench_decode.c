@@ -1,0 +1,1022 @@
+/* SPDX-License-Identifier: MIT */
+/*
+ * bench_decode.c - `kvarena-bench decode`: one decode step of paged
+ * attention (kva_decode) over a real arena's blocks, judged by the memory
+ * read bandwidth the same threads reach on a buffer of the same size,
+ * measured in the same run (bench_readbw.c), and by a naive scalar decode.
+ *
+ * The KV cache: an arena (kva_arena_create) of one layer, block-major,
+ * block_tokens = page_size = 16, per geometry (dtype, head_dim, kv_heads),
+ * with as many blocks as its largest batch needs. One worker takes every
+ * block; the ids are shuffled and each configuration's sequences take them
+ * in that order, so a sequence's pages lie at random places in the arena.
+ * Every block is filled once with random K and V through kva_store_kv (which
+ * also picks the int8 scales); fp8 gets one scale per KV head. All sequences
+ * of a batch are `context` tokens long. q and out are f32.
+ *
+ * Per configuration, after a warm-up: `trials` trials, each timing `reps`
+ * decode calls, then `reps` passes of each read pattern over a buffer of
+ * the bytes one call reads; decode and ceiling take turns trial by trial,
+ * so a slow spell of a shared machine falls on both. Medians are reported.
+ * The naive decode (naive_head) runs on a sample of the (sequence, query
+ * head) pairs spread over the batch; its time is scaled to the whole batch
+ * by the pair count (all pairs cost the same: equal lengths). Its output is
+ * the reference kvarena's is checked against on those pairs, in every
+ * configuration: an error above 1e-3 fails the run (exit 1).
+ *
+ * Output: one JSON object per line on stdout:
+ *
+ *   bench, mode        "decode", "kvarena"
+ *   dtype              the KV cache's: f32, f16, bf16, fp8_e4m3, int8
+ *   head_dim, kv_heads, page_size
+ *   batch, context     sequences, and tokens in each
+ *   group              query heads per KV head (num_q_heads / kv_heads)
+ *   threads            kva_decode_opts.threads, and the ceiling's threads
+ *   isa                the decode path that ran (auto resolved as kva_decode does)
+ *   q_dtype            "f32" (q and out)
+ *   bytes              K, V and scales one call reads: per sequence
+ *                      len * kv_heads * head_dim * 2 * elem_bytes, plus
+ *                      int8 len * kv_heads * 2 * 4, fp8 kv_heads * 2 * 4
+ *   ms                 median time of one kva_decode call
+ *   gbps               bytes / ms, in 1e9 bytes per second
+ *   ceiling_gbps       the contiguous read sweep of `bytes` with `threads`
+ *                      threads (BENCH_READ_SWEEP): the ceiling
+ *   ratio              gbps / ceiling_gbps
+ *   scatter4k_gbps, scatter64k_gbps   the same bytes read as 4 KiB / 64 KiB
+ *                      chunks in random order: how much of the ceiling a
+ *                      paged layout can hope for (not the ceiling: the
+ *                      sweep is the figure a kernel is held to)
+ *   ceiling_isa        the reader's instructions (avx512, avx2, scalar)
+ *   cache_resident     bytes < 2 x the last-level cache (sysfs index3):
+ *                      the figures then say more about caches than memory;
+ *                      null when sysfs does not tell the cache size
+ *   llc_bytes          that cache size
+ *   naive_ms           the naive decode of the whole batch, one thread
+ *                      (scaled from the sample)
+ *   naive_threads      1
+ *   naive_sampled      the fraction of (sequence, query head) pairs timed
+ *   speedup_vs_naive   naive_ms / ms
+ *   max_rel_err        max over the sampled pairs of max_d |out - ref| /
+ *                      max_d |ref|, kvarena against naive
+ *   other_cpus         CPUs other processes kept busy while this line was
+ *                      measured, on average (/proc/stat less our own time):
+ *                      on a shared machine, how far to trust it
+ *   trials, reps       trials per median, calls (and passes) per trial
+ *
+ * A one-line summary per configuration goes to stderr.
+ */
+#include <errno.h>
+#include <getopt.h>
+#include <math.h>
+#include <stdarg.h>
+#include <stdio.h>
+#include <stdlib.h>
+#include <string.h>
+#include <sys/times.h>
+#include <unistd.h>
+
+#include "bench.h"
+#include "decode_math.h"
+#include "kvarena.h"
+
+#define SEED 0x6465636f64656b76ull /* fixed: every run builds the same cache */
+#define PAGE_TOKENS 16u
+#define MAX_LIST 16u
+#define MAX_CONFIGS 4096u
+#define MAX_THREADS 64u
+#define MAX_ERR 1e-3
+/* a trial lasts at least this long: small configurations repeat the call */
+#define MIN_TRIAL_NS 20000000ull
+/* K and V elements the naive decode reads per trial, about: 0.05-0.1 s */
+#define NAIVE_ELEMS (1ull << 25)
+#define NAIVE_TRIALS 3u
+#define FILL_TOKENS 64u /* tokens per kva_store_kv call while filling */
+
+struct config {
+	enum kva_dtype dtype;
+	uint32_t head_dim, kv_heads, batch, context, group, threads;
+};
+
+struct decode_opts {
+	struct config *configs;
+	unsigned n;
+	enum kva_isa isa;
+	unsigned trials;
+	bool quick;
+};
+
+/* ------------------------------------------------------------ the cache */
+
+/* One arena and everything in it: what the configurations of one geometry share. */
+struct kvcache {
+	struct kva_arena *arena;
+	struct kva_worker *w;
+	uint32_t blocks;
+	uint32_t *ids;           /* every block, shuffled: sequences take them in order */
+	struct kva_kv_desc kv;
+	float *fp8_scale;        /* fp8: [2][kv_heads], K's then V's */
+};
+
+static void cache_free(struct kvcache *c)
+{
+	if (c->w && c->ids)
+		(void)kva_free(c->w, c->ids, c->blocks);
+	kva_worker_leave(c->w);
+	kva_arena_close(c->arena);
+	free(c->ids);
+	free(c->fp8_scale);
+	memset(c, 0, sizeof(*c));
+}
+
+static float frand(uint64_t *rng)
+{
+	return (float)((double)(bench_rand(rng) >> 11) / (double)(1ull << 53)) * 2.0f - 1.0f;
+}
+
+/* every block's K and V: random values in [-1, 1), through kva_store_kv */
+static int cache_fill(struct kvcache *c, uint64_t *rng)
+{
+	const size_t row = (size_t)c->kv.num_kv_heads * (size_t)c->kv.head_dim;
+	float *k = malloc(sizeof(float) * row * FILL_TOKENS);
+	float *v = malloc(sizeof(float) * row * FILL_TOKENS);
+	int64_t slots[FILL_TOKENS];
+	uint64_t tokens = (uint64_t)c->blocks * PAGE_TOKENS;
+	int ret = 0;
+
+	if (!k || !v) {
+		ret = -ENOMEM;
+		goto out;
+	}
+	for (uint64_t t0 = 0; t0 < tokens && ret == 0; t0 += FILL_TOKENS) {
+		uint32_t n = tokens - t0 < FILL_TOKENS ? (uint32_t)(tokens - t0) : FILL_TOKENS;
+
+		for (uint32_t i = 0; i < n; i++) {
+			uint64_t t = t0 + i;
+
+			slots[i] = (int64_t)c->ids[t / PAGE_TOKENS] * PAGE_TOKENS + (int64_t)(t % PAGE_TOKENS);
+		}
+		for (size_t i = 0; i < row * n; i++) {
+			k[i] = frand(rng);
+			v[i] = frand(rng);
+		}
+		ret = kva_store_kv(&c->kv, k, v, KVA_F32, slots, (int32_t)n);
+	}
+	if (ret < 0)
+		fprintf(stderr, "decode: kva_store_kv: %s (%s)\n", strerror(-ret), kva_errmsg());
+out:
+	free(k);
+	free(v);
+	return ret;
+}
+
+static int cache_make(const struct config *g, uint32_t blocks, uint64_t *rng, struct kvcache *c)
+{
+	struct kva_geometry geo = {
+		.block_tokens = PAGE_TOKENS, .layers = 1, .kv_heads = g->kv_heads,
+		.head_dim = g->head_dim, .dtype = g->dtype, .layout = KVA_LAYOUT_BLOCK_MAJOR,
+	};
+	struct kva_arena_opts o = { .blocks = blocks, .cache_blocks = KVA_CACHE_NONE,
+				    .numa_node = -1, .name = "kvarena-bench" };
+	const char *step;
+	int ret;
+
+	memset(c, 0, sizeof(*c));
+	c->blocks = blocks;
+	step = "kva_arena_create";
+	if ((ret = kva_arena_create(&geo, &o, &c->arena)) < 0)
+		goto fail;
+	step = "kva_worker_join";
+	if ((ret = kva_worker_join(c->arena, "decode", &c->w)) < 0)
+		goto fail;
+	step = "kva_alloc";
+	c->ids = malloc(sizeof(uint32_t) * blocks);
+	if (!c->ids) {
+		ret = -ENOMEM;
+		goto fail;
+	}
+	if ((ret = kva_alloc(c->w, blocks, c->ids)) < 0) {
+		free(c->ids);
+		c->ids = NULL;
+		goto fail;
+	}
+	for (uint32_t i = blocks - 1; i > 0; i--) {
+		uint32_t j = (uint32_t)(bench_rand(rng) % (i + 1)), x = c->ids[i];
+
+		c->ids[i] = c->ids[j];
+		c->ids[j] = x;
+	}
+	step = "kva_kv_desc_for_arena";
+	if ((ret = kva_kv_desc_for_arena(c->arena, 0, &c->kv)) < 0)
+		goto fail;
+	if (g->dtype == KVA_FP8_E4M3) {
+		/* values in [-1, 1) become up to +-64 and +-32 in e4m3: well
+		 * inside its +-448, with its full precision */
+		c->fp8_scale = malloc(sizeof(float) * 2 * g->kv_heads);
+		if (!c->fp8_scale) {
+			ret = -ENOMEM;
+			goto fail;
+		}
+		for (uint32_t h = 0; h < g->kv_heads; h++) {
+			c->fp8_scale[h] = 1.0f / 64;
+			c->fp8_scale[g->kv_heads + h] = 1.0f / 32;
+		}
+		c->kv.k_scale = c->fp8_scale;
+		c->kv.v_scale = c->fp8_scale + g->kv_heads;
+	}
+	step = "filling";
+	if ((ret = cache_fill(c, rng)) < 0)
+		goto fail;
+	return 0;
+fail:
+	fprintf(stderr, "decode: %s (%s, %u blocks): %s (%s)\n", step, kva_dtype_name(g->dtype),
+		blocks, strerror(-ret), kva_errmsg());
+	cache_free(c);
+	return ret;
+}
+
+/* ------------------------------------------------------------ a batch */
+
+struct batch {
+	int32_t *indptr, *indices, *last;
+	struct kva_page_table pt;
+	float *q, *out, *ref, *scores;
+	uint32_t q_heads;
+	size_t bytes;            /* K, V and scales one call reads */
+};
+
+static void batch_free(struct batch *b)
+{
+	free(b->indptr);
+	free(b->indices);
+	free(b->last);
+	free(b->q);
+	free(b->out);
+	free(b->ref);
+	free(b->scores);
+	memset(b, 0, sizeof(*b));
+}
+
+static uint32_t pages_of(uint32_t context)
+{
+	return (context + PAGE_TOKENS - 1) / PAGE_TOKENS;
+}
+
+static size_t bytes_read(const struct config *c)
+{
+	size_t per_token = (size_t)c->kv_heads * c->head_dim * 2 * kva_dtype_size(c->dtype);
+
+	if (c->dtype == KVA_INT8)
+		per_token += (size_t)c->kv_heads * 2 * sizeof(float);
+	return (size_t)c->batch * ((size_t)c->context * per_token +
+				   (c->dtype == KVA_FP8_E4M3 ? (size_t)c->kv_heads * 2 * sizeof(float) : 0));
+}
+
+static int batch_make(const struct config *c, const struct kvcache *kc, uint64_t *rng,
+		      struct batch *b)
+{
+	uint32_t pages = pages_of(c->context);
+	size_t qn;
+
+	memset(b, 0, sizeof(*b));
+	b->q_heads = c->kv_heads * c->group;
+	qn = (size_t)c->batch * b->q_heads * c->head_dim;
+	b->indptr = malloc(sizeof(int32_t) * (c->batch + 1));
+	b->indices = malloc(sizeof(int32_t) * (size_t)c->batch * pages);
+	b->last = malloc(sizeof(int32_t) * c->batch);
+	b->q = malloc(sizeof(float) * qn);
+	b->out = malloc(sizeof(float) * qn);
+	b->ref = malloc(sizeof(float) * qn);
+	b->scores = malloc(sizeof(float) * c->context);
+	if (!b->indptr || !b->indices || !b->last || !b->q || !b->out || !b->ref || !b->scores) {
+		batch_free(b);
+		return -ENOMEM;
+	}
+	b->indptr[0] = 0;
+	for (uint32_t s = 0; s < c->batch; s++) {
+		b->indptr[s + 1] = (int32_t)((s + 1) * pages);
+		b->last[s] = (int32_t)(c->context - (pages - 1) * PAGE_TOKENS);
+	}
+	for (size_t i = 0; i < (size_t)c->batch * pages; i++)
+		b->indices[i] = (int32_t)kc->ids[i];
+	/* q in [-2, 2): scores spread enough that the softmax is not flat */
+	for (size_t i = 0; i < qn; i++)
+		b->q[i] = 2.0f * frand(rng);
+	b->pt = (struct kva_page_table){ (int32_t)c->batch, PAGE_TOKENS, b->indptr, b->indices,
+					 b->last };
+	b->bytes = bytes_read(c);
+	return 0;
+}
+
+/* ------------------------------------------------------------ naive */
+
+/* element @d of a K or V row, without its scale */
+static float elem(const void *row, enum kva_dtype t, int32_t d)
+{
+	switch (t) {
+	case KVA_F16:
+		return kva_f16_to_f32(((const uint16_t *)row)[d]);
+	case KVA_BF16:
+		return kva_bf16_to_f32(((const uint16_t *)row)[d]);
+	case KVA_FP8_E4M3:
+		return kva_fp8_to_f32(((const uint8_t *)row)[d]);
+	case KVA_INT8:
+		return (float)((const int8_t *)row)[d];
+	default:
+		return ((const float *)row)[d];
+	}
+}
+
+static const void *row_of(const struct kva_kv_desc *kv, const void *base, const int32_t *pages,
+			  int32_t t, int32_t h)
+{
+	int64_t e = kva_kv_index(kv->page_stride, kv->token_stride, kv->head_stride,
+				 pages[t / kv->page_size], t % kv->page_size, h);
+
+	return (const char *)base + e * (int64_t)kva_dtype_size(kv->dtype);
+}
+
+static float scale_of(const struct kva_kv_desc *kv, const float *base, const int32_t *pages,
+		      int32_t t, int32_t h)
+{
+	if (kv->dtype == KVA_INT8)
+		return base[(int64_t)pages[t / kv->page_size] * kv->scale_page_stride +
+			    (int64_t)(t % kv->page_size) * kv->scale_token_stride +
+			    (int64_t)h * kv->scale_head_stride];
+	if (kv->dtype == KVA_FP8_E4M3)
+		return base[kv->flags & KVA_KV_SCALE_PER_TENSOR ? 0 : h];
+	return 1.0f;
+}
+
+/*
+ * naive_head - attention of one query head over one sequence, as written
+ * from the formula: scores (each K row converted element by element), a max
+ * pass, exponentials and their sum, then the V rows weighted. One query
+ * head at a time, so a KV head's rows are read again for every query head
+ * of its group. @s: room for @len scores.
+ */
+static void naive_head(const struct kva_kv_desc *kv, const int32_t *pages, int32_t len,
+		       int32_t kv_head, const float *q, float sm_scale, float *s, float *out)
+{
+	const int32_t D = kv->head_dim;
+	float m = -INFINITY, l = 0.0f;
+
+	for (int32_t t = 0; t < len; t++) {
+		const void *k = row_of(kv, kv->k, pages, t, kv_head);
+		float dot = 0.0f;
+
+		for (int32_t d = 0; d < D; d++)
+			dot += q[d] * elem(k, kv->dtype, d);
+		s[t] = dot * scale_of(kv, kv->k_scale, pages, t, kv_head) * sm_scale;
+	}
+	for (int32_t t = 0; t < len; t++)
+		m = s[t] > m ? s[t] : m;
+	for (int32_t t = 0; t < len; t++) {
+		s[t] = expf(s[t] - m);
+		l += s[t];
+	}
+	for (int32_t d = 0; d < D; d++)
+		out[d] = 0.0f;
+	for (int32_t t = 0; t < len; t++) {
+		const void *v = row_of(kv, kv->v, pages, t, kv_head);
+		float p = s[t] * scale_of(kv, kv->v_scale, pages, t, kv_head);
+
+		for (int32_t d = 0; d < D; d++)
+			out[d] += p * elem(v, kv->dtype, d);
+	}
+	for (int32_t d = 0; d < D; d++)
+		out[d] /= l;
+}
+
+/* the pairs the naive decode times: @n of @total, spread evenly */
+static uint64_t sample_pair(uint64_t k, uint64_t n, uint64_t total)
+{
+	return k * total / n;
+}
+
+/* ------------------------------------------------------------ measuring */
+
+struct figures {
+	double ms, gbps, ceiling_gbps, scatter4k_gbps, scatter64k_gbps;
+	double naive_ms, naive_sampled, max_rel_err;
+	double other_cpus;
+	unsigned reps;
+};
+
+/*
+ * CPU time in clock ticks: of every CPU (/proc/stat), and of this process's
+ * threads (times()). The machine may be shared: what others ran while we
+ * measured says how far to trust the figures.
+ */
+struct cpu_sample {
+	uint64_t busy, total, self;
+};
+
+static void cpu_sample(struct cpu_sample *s)
+{
+	unsigned long long user, nice, sys, idle, iowait, irq, softirq, steal;
+	FILE *f = fopen("/proc/stat", "r");
+	struct tms t;
+	int n = 0;
+
+	memset(s, 0, sizeof(*s));
+	if (f) {
+		n = fscanf(f, "cpu %llu %llu %llu %llu %llu %llu %llu %llu", &user, &nice, &sys, &idle,
+			   &iowait, &irq, &softirq, &steal);
+		fclose(f);
+	}
+	if (n != 8)
+		return;
+	/* steal: the hypervisor ran someone else on our CPUs */
+	s->busy = user + nice + sys + irq + softirq + steal;
+	s->total = s->busy + idle + iowait;
+	times(&t);
+	s->self = (uint64_t)t.tms_utime + (uint64_t)t.tms_stime;
+}
+
+/* CPUs kept busy by other processes between @a and @b, on average; NaN if unknown */
+static double other_cpus(const struct cpu_sample *a, const struct cpu_sample *b)
+{
+	long cpus = sysconf(_SC_NPROCESSORS_ONLN);
+	double total = (double)(b->total - a->total);
+	double other = (double)(b->busy - a->busy) - (double)(b->self - a->self);
+
+	if (!a->total || total <= 0 || cpus < 1)
+		return NAN;
+	return other < 0 ? 0.0 : other / total * (double)cpus;
+}
+
+static int decode_call(const struct config *c, const struct kvcache *kc, struct batch *b,
+		       enum kva_isa isa)
+{
+	struct kva_decode_opts o = { .threads = (int32_t)c->threads, .isa = isa };
+	int ret = kva_decode(&kc->kv, &b->pt, b->q, KVA_F32, (int32_t)b->q_heads,
+			     1.0f / sqrtf((float)c->head_dim), b->out, NULL, &o);
+
+	if (ret < 0)
+		fprintf(stderr, "decode: kva_decode: %s (%s)\n", strerror(-ret), kva_errmsg());
+	return ret;
+}
+
+static int time_decode(const struct config *c, const struct kvcache *kc, struct batch *b,
+		       enum kva_isa isa, unsigned reps, double *ns)
+{
+	uint64_t t0 = bench_now_ns();
+	int ret = 0;
+
+	for (unsigned k = 0; k < reps && ret == 0; k++)
+		ret = decode_call(c, kc, b, isa);
+	*ns = (double)(bench_now_ns() - t0) / reps;
+	return ret;
+}
+
+static int time_read(struct bench_readbw *rb, enum bench_read_pattern p, const struct config *c,
+		     size_t bytes, unsigned reps, double *ns)
+{
+	uint64_t el;
+	int ret = bench_readbw_run(rb, p, bytes, c->threads, reps, &el);
+
+	if (ret < 0)
+		fprintf(stderr, "decode: read sweep: %s\n", strerror(-ret));
+	*ns = (double)el / reps;
+	return ret;
+}
+
+/* the naive decode on a sample of pairs: its time for the whole batch, and its error */
+static void measure_naive(const struct config *c, const struct kvcache *kc, struct batch *b,
+			  unsigned trials, struct figures *f)
+{
+	uint64_t total = (uint64_t)c->batch * b->q_heads;
+	uint64_t per_pair = (uint64_t)c->context * c->head_dim * 2;
+	uint64_t n = NAIVE_ELEMS / per_pair;
+	float sm_scale = 1.0f / sqrtf((float)c->head_dim);
+	double t[NAIVE_TRIALS], err = 0.0;
+
+	n = n < 1 ? 1 : n > total ? total : n;
+	for (unsigned tr = 0; tr < trials; tr++) {
+		uint64_t t0 = bench_now_ns();
+
+		for (uint64_t k = 0; k < n; k++) {
+			uint64_t pair = sample_pair(k, n, total);
+			uint32_t seq = (uint32_t)(pair / b->q_heads), qh = (uint32_t)(pair % b->q_heads);
+			size_t at = (size_t)pair * c->head_dim;
+
+			naive_head(&kc->kv, b->indices + b->indptr[seq], (int32_t)c->context,
+				   (int32_t)(qh / c->group), b->q + at, sm_scale, b->scores, b->ref + at);
+		}
+		t[tr] = (double)(bench_now_ns() - t0);
+	}
+	for (uint64_t k = 0; k < n; k++) {
+		size_t at = (size_t)sample_pair(k, n, total) * c->head_dim;
+		double dmax = 0.0, rmax = 0.0;
+
+		for (uint32_t d = 0; d < c->head_dim; d++) {
+			dmax = fmax(dmax, fabs((double)b->out[at + d] - b->ref[at + d]));
+			rmax = fmax(rmax, fabs((double)b->ref[at + d]));
+		}
+		/* NaN anywhere must fail, not compare false and pass */
+		if (!isfinite(dmax) || !isfinite(rmax))
+			err = INFINITY;
+		else
+			err = fmax(err, rmax > 0.0 ? dmax / rmax : dmax);
+	}
+	f->naive_ms = bench_median(t, trials) * (double)total / (double)n / 1e6;
+	f->naive_sampled = (double)n / (double)total;
+	f->max_rel_err = err;
+}
+
+static int measure(const struct config *c, const struct kvcache *kc, struct batch *b,
+		   struct bench_readbw *rb, const struct decode_opts *o, struct figures *f)
+{
+	double dec[BENCH_MAX_TRIALS], sweep[BENCH_MAX_TRIALS], s4k[BENCH_MAX_TRIALS],
+		s64k[BENCH_MAX_TRIALS], once, unused;
+	struct cpu_sample c0, c1;
+	int ret;
+
+	cpu_sample(&c0);
+	/* warm-up: the pool's threads, the scratch buffers, the chunk orders */
+	if ((ret = decode_call(c, kc, b, o->isa)) < 0 ||
+	    (ret = time_decode(c, kc, b, o->isa, 1, &once)) < 0)
+		return ret;
+	for (int p = BENCH_READ_SWEEP; p <= BENCH_READ_64K; p++)
+		if ((ret = time_read(rb, (enum bench_read_pattern)p, c, b->bytes, 1, &unused)) < 0)
+			return ret;
+	f->reps = once >= MIN_TRIAL_NS ? 1 : (unsigned)ceil(MIN_TRIAL_NS / once);
+	if (f->reps > 10000)
+		f->reps = 10000;
+	for (unsigned t = 0; t < o->trials; t++) {
+		if ((ret = time_decode(c, kc, b, o->isa, f->reps, &dec[t])) < 0 ||
+		    (ret = time_read(rb, BENCH_READ_SWEEP, c, b->bytes, f->reps, &sweep[t])) < 0 ||
+		    (ret = time_read(rb, BENCH_READ_4K, c, b->bytes, f->reps, &s4k[t])) < 0 ||
+		    (ret = time_read(rb, BENCH_READ_64K, c, b->bytes, f->reps, &s64k[t])) < 0)
+			return ret;
+	}
+	f->ms = bench_median(dec, o->trials) / 1e6;
+	f->gbps = (double)b->bytes / (f->ms * 1e6);
+	f->ceiling_gbps = (double)b->bytes / bench_median(sweep, o->trials);
+	f->scatter4k_gbps = (double)b->bytes / bench_median(s4k, o->trials);
+	f->scatter64k_gbps = (double)b->bytes / bench_median(s64k, o->trials);
+	/* b->out now holds kvarena's answer, which the naive one is checked against */
+	measure_naive(c, kc, b, o->quick ? 1 : NAIVE_TRIALS, f);
+	cpu_sample(&c1);
+	f->other_cpus = other_cpus(&c0, &c1);
+	return 0;
+}
+
+/* ------------------------------------------------------------ output */
+
+/* the path kva_decode takes for @want (decode.c's pick(), restated) */
+static enum kva_isa isa_used(enum kva_isa want, uint32_t head_dim)
+{
+	enum kva_isa best = kva_isa_best();
+
+	if (want != KVA_ISA_AUTO)
+		return want;
+	if (best == KVA_ISA_AVX512 && head_dim % 16 == 0)
+		return KVA_ISA_AVX512;
+	if (best >= KVA_ISA_AVX2 && head_dim % 8 == 0)
+		return KVA_ISA_AVX2;
+	return KVA_ISA_SCALAR;
+}
+
+/* the last-level cache in bytes, from sysfs ("107520K"); 0 if it does not say */
+static uint64_t llc_bytes(void)
+{
+	FILE *f = fopen("/sys/devices/system/cpu/cpu0/cache/index3/size", "r");
+	unsigned long long n = 0;
+	char unit = 0;
+
+	if (!f)
+		return 0;
+	if (fscanf(f, "%llu%c", &n, &unit) < 1)
+		n = 0;
+	fclose(f);
+	return unit == 'K' ? n << 10 : unit == 'M' ? n << 20 : unit == 'G' ? n << 30 : n;
+}
+
+static int print_line(const struct config *c, const struct batch *b, const struct figures *f,
+		      enum kva_isa isa, const struct bench_readbw *rb, uint64_t llc, unsigned trials)
+{
+	struct bench_line l;
+
+	bench_line_begin(&l, "decode", "kvarena");
+	bench_line_str(&l, "dtype", kva_dtype_name(c->dtype));
+	bench_line_num(&l, "head_dim", c->head_dim, 0);
+	bench_line_num(&l, "kv_heads", c->kv_heads, 0);
+	bench_line_num(&l, "page_size", PAGE_TOKENS, 0);
+	bench_line_num(&l, "batch", c->batch, 0);
+	bench_line_num(&l, "context", c->context, 0);
+	bench_line_num(&l, "group", c->group, 0);
+	bench_line_num(&l, "threads", c->threads, 0);
+	bench_line_str(&l, "isa", kva_isa_name(isa_used(isa, c->head_dim)));
+	bench_line_str(&l, "q_dtype", "f32");
+	bench_line_num(&l, "bytes", (double)b->bytes, 0);
+	bench_line_num(&l, "ms", f->ms, 4);
+	bench_line_num(&l, "gbps", f->gbps, 2);
+	bench_line_num(&l, "ceiling_gbps", f->ceiling_gbps, 2);
+	bench_line_num(&l, "ratio", f->gbps / f->ceiling_gbps, 3);
+	bench_line_num(&l, "scatter4k_gbps", f->scatter4k_gbps, 2);
+	bench_line_num(&l, "scatter64k_gbps", f->scatter64k_gbps, 2);
+	bench_line_str(&l, "ceiling_isa", bench_readbw_isa(rb));
+	if (llc)
+		bench_line_bool(&l, "cache_resident", b->bytes < 2 * llc);
+	else
+		bench_line_num(&l, "cache_resident", NAN, 0);
+	bench_line_num(&l, "llc_bytes", llc ? (double)llc : NAN, 0);
+	bench_line_num(&l, "naive_ms", f->naive_ms, 3);
+	bench_line_num(&l, "naive_threads", 1, 0);
+	bench_line_num(&l, "naive_sampled", f->naive_sampled, 5);
+	bench_line_num(&l, "speedup_vs_naive", f->naive_ms / f->ms, 1);
+	/* nine decimals: an error of 1e-7 must not print as 0 */
+	bench_line_num(&l, "max_rel_err", f->max_rel_err, 9);
+	bench_line_num(&l, "other_cpus", f->other_cpus, 2);
+	bench_line_num(&l, "trials", trials, 0);
+	bench_line_num(&l, "reps", f->reps, 0);
+	return bench_line_print(&l);
+}
+
+/* ------------------------------------------------------------ the run */
+
+static bool same_geometry(const struct config *a, const struct config *b)
+{
+	return a->dtype == b->dtype && a->head_dim == b->head_dim && a->kv_heads == b->kv_heads;
+}
+
+/* every configuration of @g's geometry, on one cache */
+static int run_geometry(const struct decode_opts *o, const struct config *g,
+			struct bench_readbw *rb, uint64_t llc, uint64_t *rng, bool *wrong)
+{
+	struct kvcache kc;
+	uint32_t blocks = 0;
+	uint64_t t0 = bench_now_ns();
+	int ret;
+
+	for (unsigned i = 0; i < o->n; i++)
+		if (same_geometry(&o->configs[i], g) &&
+		    o->configs[i].batch * pages_of(o->configs[i].context) > blocks)
+			blocks = o->configs[i].batch * pages_of(o->configs[i].context);
+	if ((ret = cache_make(g, blocks, rng, &kc)) < 0)
+		return ret;
+	fprintf(stderr, "decode: %s, head_dim %u, %u KV heads: %u blocks (%.0f MiB) filled in "
+		"%.1f s\n", kva_dtype_name(g->dtype), g->head_dim, g->kv_heads, blocks,
+		(double)kva_arena_info(kc.arena)->layout.data_bytes / (1 << 20),
+		(double)(bench_now_ns() - t0) / 1e9);
+	for (unsigned i = 0; i < o->n && ret == 0; i++) {
+		const struct config *c = &o->configs[i];
+		struct figures f = { 0 };
+		struct batch b;
+
+		if (!same_geometry(c, g))
+			continue;
+		if ((ret = batch_make(c, &kc, rng, &b)) < 0)
+			break;
+		ret = measure(c, &kc, &b, rb, o, &f);
+		if (ret == 0)
+			ret = print_line(c, &b, &f, o->isa, rb, llc, o->trials);
+		if (ret == 0) {
+			fprintf(stderr, "decode: %-8s hd %3u b %2u ctx %5u g %u t %u: %9.3f ms "
+				"%6.2f GB/s of %6.2f (%.2f)  naive x%.0f  err %.1e  others %.2f%s\n",
+				kva_dtype_name(c->dtype), c->head_dim, c->batch, c->context, c->group,
+				c->threads, f.ms, f.gbps, f.ceiling_gbps, f.gbps / f.ceiling_gbps,
+				f.naive_ms / f.ms, f.max_rel_err, f.other_cpus,
+				f.max_rel_err <= MAX_ERR ? "" : "  WRONG");
+			if (!(f.max_rel_err <= MAX_ERR))
+				*wrong = true;
+		}
+		batch_free(&b);
+	}
+	cache_free(&kc);
+	return ret;
+}
+
+static int run(const struct decode_opts *o)
+{
+	struct bench_readbw *rb = NULL;
+	uint64_t rng = SEED, llc = llc_bytes();
+	size_t max_bytes = 0;
+	unsigned max_threads = 1;
+	bool wrong = false;
+	int ret;
+
+	for (unsigned i = 0; i < o->n; i++) {
+		size_t bytes = bytes_read(&o->configs[i]);
+
+		max_bytes = bytes > max_bytes ? bytes : max_bytes;
+		if (o->configs[i].threads > max_threads)
+			max_threads = o->configs[i].threads;
+	}
+	if ((ret = bench_readbw_open(max_bytes, max_threads, SEED, &rb)) < 0) {
+		fprintf(stderr, "decode: the read buffer (%zu bytes): %s\n", max_bytes, strerror(-ret));
+		return ret;
+	}
+	for (unsigned i = 0; i < o->n && ret == 0; i++) {
+		bool first = true;
+
+		for (unsigned k = 0; k < i && first; k++)
+			first = !same_geometry(&o->configs[k], &o->configs[i]);
+		if (first)
+			ret = run_geometry(o, &o->configs[i], rb, llc, &rng, &wrong);
+	}
+	bench_readbw_close(rb);
+	if (ret == 0 && wrong) {
+		fprintf(stderr, "decode: kva_decode's output differs from the naive decode's by "
+			"more than %g: the figures above are of a wrong computation\n", MAX_ERR);
+		return -EDOM;
+	}
+	return ret;
+}
+
+/* ------------------------------------------------------------ options */
+
+static void usage(FILE *f)
+{
+	fprintf(f,
+		"usage: kvarena-bench decode [options]\n"
+		"\n"
+		"kva_decode over an arena's block-major pages (16 tokens, random order), with\n"
+		"the read bandwidth of the same threads over the same bytes (the ceiling) and a\n"
+		"naive scalar decode, all in this run. One JSON line per configuration.\n"
+		"\n"
+		"Default: f16, head_dim 128, 8 KV heads, batch 1,8,32 x context 1024,4096,16384\n"
+		"x group 1,4,8 x threads 1,2; bf16, fp8_e4m3, int8 and f32 at batch 8, context\n"
+		"4096, group 1,4,8, threads 1,2; f16 at head_dim 64, batch 8, context 4096,\n"
+		"group 4, threads 1,2. Any of the options below that take lists replaces that\n"
+		"list, and the run is then every combination (defaults: f16, 1,8,32,\n"
+		"1024,4096,16384, 1,4,8, 1,2, head_dim 128, 8 KV heads).\n"
+		"\n"
+		"  --dtype LIST      f32, f16, bf16, fp8_e4m3, int8 (comma-separated)\n"
+		"  --batch LIST      sequences per call, 1..4096\n"
+		"  --context LIST    tokens per sequence, 1..1048576\n"
+		"  --group LIST      query heads per KV head, 1..64\n"
+		"  --threads LIST    kva_decode threads (and the ceiling's), 1..%u\n"
+		"  --head-dim LIST   1..1024\n"
+		"  --kv-heads LIST   1..64\n"
+		"  --isa NAME        auto (default), scalar, avx2, avx512\n"
+		"  --trials N        trials per median, 1..%u (default 7)\n"
+		"  --quick           one small configuration (f16, batch 2, context 200,\n"
+		"                    group 4, threads 2, head_dim 64, 2 KV heads), 2 trials;\n"
+		"                    the options above change it\n"
+		"  --help            this text\n",
+		MAX_THREADS, BENCH_MAX_TRIALS);
+}
+
+static int usage_error(const char *fmt, ...) __attribute__((format(printf, 1, 2)));
+
+static int usage_error(const char *fmt, ...)
+{
+	va_list ap;
+
+	fprintf(stderr, "kvarena-bench decode: ");
+	va_start(ap, fmt);
+	vfprintf(stderr, fmt, ap);
+	va_end(ap);
+	fprintf(stderr, "\n(kvarena-bench decode --help lists the options)\n");
+	return -EINVAL;
+}
+
+struct list {
+	uint32_t v[MAX_LIST];
+	unsigned n;
+};
+
+/* a comma-separated list of numbers in [lo, hi] */
+static int parse_list(const char *name, const char *s, uint32_t lo, uint32_t hi, struct list *out)
+{
+	char buf[256], *save = NULL;
+
+	if (strlen(s) >= sizeof(buf))
+		return usage_error("--%s: list too long", name);
+	strcpy(buf, s);
+	out->n = 0;
+	for (char *tok = strtok_r(buf, ",", &save); tok; tok = strtok_r(NULL, ",", &save)) {
+		if (out->n == MAX_LIST)
+			return usage_error("--%s: at most %u values", name, MAX_LIST);
+		if (bench_parse_u32(tok, lo, hi, &out->v[out->n]) < 0)
+			return usage_error("--%s '%s': numbers from %u to %u", name, tok, lo, hi);
+		out->n++;
+	}
+	if (!out->n)
+		return usage_error("--%s: an empty list", name);
+	return 0;
+}
+
+static int parse_dtypes(const char *s, struct list *out)
+{
+	char buf[256], *save = NULL;
+
+	if (strlen(s) >= sizeof(buf))
+		return usage_error("--dtype: list too long");
+	strcpy(buf, s);
+	out->n = 0;
+	for (char *tok = strtok_r(buf, ",", &save); tok; tok = strtok_r(NULL, ",", &save)) {
+		enum kva_dtype t;
+
+		if (out->n == MAX_LIST)
+			return usage_error("--dtype: at most %u values", MAX_LIST);
+		if (kva_dtype_parse(tok, &t) < 0)
+			return usage_error("--dtype '%s': f32, f16, bf16, fp8_e4m3 or int8", tok);
+		out->v[out->n++] = (uint32_t)t;
+	}
+	if (!out->n)
+		return usage_error("--dtype: an empty list");
+	return 0;
+}
+
+enum dim { DTYPE, BATCH, CONTEXT, GROUP, THREADS, HEAD_DIM, KV_HEADS, DIMS };
+
+static int add(struct decode_opts *o, enum kva_dtype dt, uint32_t hd, uint32_t kvh, uint32_t b,
+	       uint32_t ctx, uint32_t g, uint32_t t)
+{
+	if (o->n == MAX_CONFIGS)
+		return usage_error("more than %u configurations", MAX_CONFIGS);
+	o->configs[o->n++] = (struct config){ .dtype = dt, .head_dim = hd, .kv_heads = kvh,
+					      .batch = b, .context = ctx, .group = g, .threads = t };
+	return 0;
+}
+
+/* every combination of the lists */
+static int cross(struct decode_opts *o, const struct list l[DIMS])
+{
+	int ret = 0;
+
+	for (unsigned a = 0; a < l[DTYPE].n; a++)
+		for (unsigned hd = 0; hd < l[HEAD_DIM].n; hd++)
+			for (unsigned kvh = 0; kvh < l[KV_HEADS].n; kvh++)
+				for (unsigned b = 0; b < l[BATCH].n; b++)
+					for (unsigned c = 0; c < l[CONTEXT].n; c++)
+						for (unsigned g = 0; g < l[GROUP].n; g++)
+							for (unsigned t = 0; t < l[THREADS].n && ret == 0; t++)
+								ret = add(o, (enum kva_dtype)l[DTYPE].v[a],
+									  l[HEAD_DIM].v[hd], l[KV_HEADS].v[kvh],
+									  l[BATCH].v[b], l[CONTEXT].v[c],
+									  l[GROUP].v[g], l[THREADS].v[t]);
+	return ret;
+}
+
+/* the default run: the f16 grid, the other dtypes at the main shape, one head_dim 64 shape */
+static int default_configs(struct decode_opts *o, const struct list l[DIMS])
+{
+	static const enum kva_dtype others[] = { KVA_BF16, KVA_FP8_E4M3, KVA_INT8, KVA_F32 };
+	int ret = cross(o, l);
+
+	for (unsigned k = 0; k < 4 && ret == 0; k++)
+		for (unsigned g = 0; g < l[GROUP].n && ret == 0; g++)
+			for (unsigned t = 0; t < l[THREADS].n && ret == 0; t++)
+				ret = add(o, others[k], 128, 8, 8, 4096, l[GROUP].v[g], l[THREADS].v[t]);
+	for (unsigned t = 0; t < l[THREADS].n && ret == 0; t++)
+		ret = add(o, KVA_F16, 64, 8, 8, 4096, 4, l[THREADS].v[t]);
+	return ret;
+}
+
+static int parse(int argc, char **argv, struct decode_opts *o)
+{
+	static const struct option longopts[] = {
+		{ "dtype", required_argument, NULL, 'd' },
+		{ "batch", required_argument, NULL, 'b' },
+		{ "context", required_argument, NULL, 'c' },
+		{ "group", required_argument, NULL, 'g' },
+		{ "threads", required_argument, NULL, 't' },
+		{ "head-dim", required_argument, NULL, 'D' },
+		{ "kv-heads", required_argument, NULL, 'H' },
+		{ "isa", required_argument, NULL, 'i' },
+		{ "trials", required_argument, NULL, 'T' },
+		{ "quick", no_argument, NULL, 'q' },
+		{ "help", no_argument, NULL, 'h' },
+		{ NULL, 0, NULL, 0 },
+	};
+	struct list l[DIMS] = {
+		[DTYPE] = { { KVA_F16 }, 1 },
+		[BATCH] = { { 1, 8, 32 }, 3 },
+		[CONTEXT] = { { 1024, 4096, 16384 }, 3 },
+		[GROUP] = { { 1, 4, 8 }, 3 },
+		[THREADS] = { { 1, 2 }, 2 },
+		[HEAD_DIM] = { { 128 }, 1 },
+		[KV_HEADS] = { { 8 }, 1 },
+	};
+	static const struct list quick[DIMS] = {
+		[DTYPE] = { { KVA_F16 }, 1 },
+		[BATCH] = { { 2 }, 1 },
+		[CONTEXT] = { { 200 }, 1 },
+		[GROUP] = { { 4 }, 1 },
+		[THREADS] = { { 2 }, 1 },
+		[HEAD_DIM] = { { 64 }, 1 },
+		[KV_HEADS] = { { 2 }, 1 },
+	};
+	bool given[DIMS] = { false };
+	bool any = false;
+	uint32_t trials = 0;
+	enum dim d = DTYPE;
+	int c, ret = 0;
+
+	*o = (struct decode_opts){ .isa = KVA_ISA_AUTO };
+	opterr = 0;
+	optind = 1;
+	while ((c = getopt_long(argc, argv, ":h", longopts, NULL)) != -1) {
+		switch (c) {
+		case 'd':
+			ret = parse_dtypes(optarg, &l[d = DTYPE]);
+			break;
+		case 'b':
+			ret = parse_list("batch", optarg, 1, 4096, &l[d = BATCH]);
+			break;
+		case 'c':
+			ret = parse_list("context", optarg, 1, 1u << 20, &l[d = CONTEXT]);
+			break;
+		case 'g':
+			ret = parse_list("group", optarg, 1, 64, &l[d = GROUP]);
+			break;
+		case 't':
+			ret = parse_list("threads", optarg, 1, MAX_THREADS, &l[d = THREADS]);
+			break;
+		case 'D':
+			ret = parse_list("head-dim", optarg, 1, 1024, &l[d = HEAD_DIM]);
+			break;
+		case 'H':
+			ret = parse_list("kv-heads", optarg, 1, 64, &l[d = KV_HEADS]);
+			break;
+		case 'i':
+			if (!strcmp(optarg, "auto"))
+				o->isa = KVA_ISA_AUTO;
+			else if (!strcmp(optarg, "scalar"))
+				o->isa = KVA_ISA_SCALAR;
+			else if (!strcmp(optarg, "avx2"))
+				o->isa = KVA_ISA_AVX2;
+			else if (!strcmp(optarg, "avx512"))
+				o->isa = KVA_ISA_AVX512;
+			else
+				return usage_error("--isa '%s': auto, scalar, avx2 or avx512", optarg);
+			continue;
+		case 'T':
+			if (bench_parse_u32(optarg, 1, BENCH_MAX_TRIALS, &trials) < 0)
+				return usage_error("--trials '%s': 1 to %u", optarg, BENCH_MAX_TRIALS);
+			continue;
+		case 'q':
+			o->quick = true;
+			continue;
+		case 'h':
+			return 1;
+		case ':':
+			return usage_error("option '%s' needs a value", argv[optind - 1]);
+		default:
+			return usage_error("unknown option '%s'", argv[optind - 1]);
+		}
+		if (ret < 0)
+			return ret;
+		given[d] = any = true;
+	}
+	if (optind < argc)
+		return usage_error("unexpected argument '%s'", argv[optind]);
+	if (o->quick)
+		for (d = 0; d < DIMS; d++)
+			if (!given[d])
+				l[d] = quick[d];
+	o->trials = trials ? trials : o->quick ? 2 : 7;
+	o->configs = malloc(sizeof(*o->configs) * MAX_CONFIGS);
+	if (!o->configs)
+		return -ENOMEM;
+	ret = any || o->quick ? cross(o, l) : default_configs(o, l);
+	if (ret < 0) {
+		free(o->configs);
+		return ret;
+	}
+	return 0;
+}
+
+/* the arena and the read buffer of the largest configuration must fit in memory */
+static int check_memory(const struct decode_opts *o)
+{
+	double phys = (double)sysconf(_SC_PHYS_PAGES) * (double)sysconf(_SC_PAGESIZE);
+
+	for (unsigned i = 0; i < o->n; i++) {
+		const struct config *c = &o->configs[i];
+		double need = 2.2 * (double)bytes_read(c);
+
+		if (phys > 0 && need > 0.8 * phys)
+			return usage_error("%s, batch %u, context %u needs about %.1f GiB, more than "
+					   "this machine should give", kva_dtype_name(c->dtype),
+					   c->batch, c->context, need / (1 << 30));
+	}
+	return 0;
+}
+
+int bench_decode_main(int argc, char **argv)
+{
+	struct decode_opts o;
+	int ret;
+
+	if ((ret = parse(argc, argv, &o)) != 0) {
+		if (ret > 0)
+			usage(stdout);
+		return ret > 0 ? 0 : ret == -EINVAL ? 2 : 1;
+	}
+	if ((ret = check_memory(&o)) < 0) {
+		free(o.configs);
+		return 2;
+	}
+	fprintf(stderr, "decode: %u configurations, %u trials each, isa %s\n", o.n, o.trials,
+		kva_isa_name(o.isa));
+	ret = run(&o);
+	free(o.configs);
+	if (ret < 0 && ret != -EDOM)
+		fprintf(stderr, "kvarena-bench decode: failed: %s\n", strerror(-ret));
+	return ret < 0 ? 1 : 0;
+}

@@ -1,0 +1,349 @@
+/* SPDX-License-Identifier: MIT */
+/*
+ * bench_readbw.c - how fast this machine reads memory: the ceiling a
+ * memory-bound kernel is judged against (`kvarena-bench decode`).
+ *
+ * Our own threads and our own read loop, nothing of libkvarena's, so that
+ * the ceiling does not move when the library does. Each thread sums its
+ * share of the buffer with the widest integer adds the CPU has (AVX-512,
+ * else AVX2, else 64-bit scalar), eight independent accumulators so that
+ * the adds never wait on one another and only the loads set the pace.
+ * Integer adds: whatever bytes the buffer holds, no denormal can slow them.
+ *
+ * Patterns: the contiguous sweep (each thread one contiguous share), and
+ * the buffer read as 4 KiB or 64 KiB chunks in a random order (each thread
+ * a contiguous share of that order), which is how a paged KV cache is read:
+ * an arena block holds one KV head's 16 tokens of K, then of V, in 4 KiB
+ * (f16, head_dim 128) at a time, and the hardware prefetcher stops at a
+ * 4 KiB page boundary.
+ *
+ * The buffer is anonymous memory on 4 KiB pages (no madvise for huge
+ * pages), as the arena's shared memory is when the system has no hugetlb
+ * pool, so the ceiling pays the same TLB misses the kernel does.
+ */
+#include <errno.h>
+#include <immintrin.h>
+#include <pthread.h>
+#include <stdbool.h>
+#include <stdlib.h>
+#include <string.h>
+#include <sys/mman.h>
+
+#include "bench.h"
+
+#define MAX_THREADS 64u
+
+/* ------------------------------------------------------------- readers */
+
+__attribute__((target("avx512f"))) static uint64_t sum_avx512(const char *p, size_t len)
+{
+	__m512i a0 = _mm512_setzero_si512(), a1 = a0, a2 = a0, a3 = a0, a4 = a0, a5 = a0,
+		a6 = a0, a7 = a0;
+	uint64_t tail = 0;
+
+	for (; len >= 512; p += 512, len -= 512) {
+		a0 = _mm512_add_epi64(a0, _mm512_loadu_si512((const void *)(p + 0)));
+		a1 = _mm512_add_epi64(a1, _mm512_loadu_si512((const void *)(p + 64)));
+		a2 = _mm512_add_epi64(a2, _mm512_loadu_si512((const void *)(p + 128)));
+		a3 = _mm512_add_epi64(a3, _mm512_loadu_si512((const void *)(p + 192)));
+		a4 = _mm512_add_epi64(a4, _mm512_loadu_si512((const void *)(p + 256)));
+		a5 = _mm512_add_epi64(a5, _mm512_loadu_si512((const void *)(p + 320)));
+		a6 = _mm512_add_epi64(a6, _mm512_loadu_si512((const void *)(p + 384)));
+		a7 = _mm512_add_epi64(a7, _mm512_loadu_si512((const void *)(p + 448)));
+	}
+	for (; len; p++, len--)
+		tail += (unsigned char)*p;
+	a0 = _mm512_add_epi64(_mm512_add_epi64(_mm512_add_epi64(a0, a1), _mm512_add_epi64(a2, a3)),
+			      _mm512_add_epi64(_mm512_add_epi64(a4, a5), _mm512_add_epi64(a6, a7)));
+	return (uint64_t)_mm512_reduce_add_epi64(a0) + tail;
+}
+
+__attribute__((target("avx2"))) static uint64_t sum_avx2(const char *p, size_t len)
+{
+	__m256i a0 = _mm256_setzero_si256(), a1 = a0, a2 = a0, a3 = a0, a4 = a0, a5 = a0,
+		a6 = a0, a7 = a0;
+	uint64_t lanes[4], tail = 0;
+
+	for (; len >= 256; p += 256, len -= 256) {
+		a0 = _mm256_add_epi64(a0, _mm256_loadu_si256((const __m256i *)(p + 0)));
+		a1 = _mm256_add_epi64(a1, _mm256_loadu_si256((const __m256i *)(p + 32)));
+		a2 = _mm256_add_epi64(a2, _mm256_loadu_si256((const __m256i *)(p + 64)));
+		a3 = _mm256_add_epi64(a3, _mm256_loadu_si256((const __m256i *)(p + 96)));
+		a4 = _mm256_add_epi64(a4, _mm256_loadu_si256((const __m256i *)(p + 128)));
+		a5 = _mm256_add_epi64(a5, _mm256_loadu_si256((const __m256i *)(p + 160)));
+		a6 = _mm256_add_epi64(a6, _mm256_loadu_si256((const __m256i *)(p + 192)));
+		a7 = _mm256_add_epi64(a7, _mm256_loadu_si256((const __m256i *)(p + 224)));
+	}
+	for (; len; p++, len--)
+		tail += (unsigned char)*p;
+	a0 = _mm256_add_epi64(_mm256_add_epi64(_mm256_add_epi64(a0, a1), _mm256_add_epi64(a2, a3)),
+			      _mm256_add_epi64(_mm256_add_epi64(a4, a5), _mm256_add_epi64(a6, a7)));
+	_mm256_storeu_si256((__m256i *)lanes, a0);
+	return lanes[0] + lanes[1] + lanes[2] + lanes[3] + tail;
+}
+
+static uint64_t sum_scalar(const char *p, size_t len)
+{
+	uint64_t a[8] = { 0 }, w, tail = 0;
+
+	for (; len >= 64; p += 64, len -= 64)
+		for (int i = 0; i < 8; i++) {
+			memcpy(&w, p + 8 * i, sizeof(w));
+			a[i] += w;
+		}
+	for (; len; p++, len--)
+		tail += (unsigned char)*p;
+	return a[0] + a[1] + a[2] + a[3] + a[4] + a[5] + a[6] + a[7] + tail;
+}
+
+/* --------------------------------------------------------------- team */
+
+struct job {
+	enum bench_read_pattern pattern;
+	size_t bytes;
+	unsigned threads, reps;
+};
+
+struct bench_readbw {
+	char *buf;
+	size_t size;
+	uint64_t (*sum)(const char *p, size_t len);
+	const char *isa;
+	uint64_t rng;
+	/* the chunk orders for the size last prepared */
+	size_t prepared;
+	uint32_t *order[3], chunks[3];
+	/* helpers 1..helpers (the caller is thread 0). Under lock: job, gen,
+	 * running and quit, written by the caller, read by the helpers. */
+	pthread_mutex_t lock;
+	pthread_cond_t go, done;
+	struct job job;
+	uint64_t gen;
+	unsigned running, helpers;
+	bool quit;
+	pthread_t tid[MAX_THREADS];
+	uint64_t sink[MAX_THREADS]; /* what each thread summed: the reads are used */
+};
+
+static const size_t chunk_bytes[3] = { 0, 4096, 65536 };
+
+/* thread @t's part of one pass: a contiguous share of the bytes, or of the chunk order */
+static uint64_t pass(struct bench_readbw *r, const struct job *j, unsigned t)
+{
+	uint64_t s = 0;
+
+	if (j->pattern == BENCH_READ_SWEEP) {
+		/* shares on 64-byte boundaries: no cache line read by two threads */
+		size_t lines = (j->bytes + 63) / 64;
+		size_t from = lines * t / j->threads * 64, to = lines * (t + 1) / j->threads * 64;
+
+		if (to > j->bytes)
+			to = j->bytes;
+		return from < to ? r->sum(r->buf + from, to - from) : 0;
+	}
+	size_t cb = chunk_bytes[j->pattern];
+	uint32_t n = r->chunks[j->pattern];
+	const uint32_t *order = r->order[j->pattern];
+
+	for (uint32_t i = (uint32_t)((uint64_t)n * t / j->threads);
+	     i < (uint32_t)((uint64_t)n * (t + 1) / j->threads); i++) {
+		size_t off = (size_t)order[i] * cb, len = j->bytes - off < cb ? j->bytes - off : cb;
+
+		s += r->sum(r->buf + off, len);
+	}
+	return s;
+}
+
+static void work(struct bench_readbw *r, const struct job *j, unsigned t)
+{
+	uint64_t s = 0;
+
+	for (unsigned k = 0; k < j->reps; k++)
+		s += pass(r, j, t);
+	r->sink[t] += s;
+}
+
+struct helper_arg {
+	struct bench_readbw *r;
+	unsigned index;
+};
+
+static void *helper_main(void *arg)
+{
+	struct helper_arg h = *(struct helper_arg *)arg;
+	struct bench_readbw *r = h.r;
+	uint64_t seen = 0;
+
+	free(arg);
+	pthread_mutex_lock(&r->lock);
+	for (;;) {
+		struct job j;
+
+		/* asleep, not spinning, between jobs: an idle helper must not
+		 * take a CPU from the kernel measured in between */
+		while (!r->quit && r->gen == seen)
+			pthread_cond_wait(&r->go, &r->lock);
+		if (r->quit)
+			break;
+		seen = r->gen;
+		j = r->job;
+		if (h.index >= j.threads)
+			continue;
+		pthread_mutex_unlock(&r->lock);
+		work(r, &j, h.index);
+		pthread_mutex_lock(&r->lock);
+		if (--r->running == 0)
+			pthread_cond_signal(&r->done);
+	}
+	pthread_mutex_unlock(&r->lock);
+	return NULL;
+}
+
+/* ---------------------------------------------------------------- API */
+
+void bench_readbw_close(struct bench_readbw *r)
+{
+	if (!r)
+		return;
+	pthread_mutex_lock(&r->lock);
+	r->quit = true;
+	pthread_cond_broadcast(&r->go);
+	pthread_mutex_unlock(&r->lock);
+	for (unsigned k = 1; k <= r->helpers; k++)
+		pthread_join(r->tid[k], NULL);
+	pthread_mutex_destroy(&r->lock);
+	pthread_cond_destroy(&r->go);
+	pthread_cond_destroy(&r->done);
+	for (int p = 0; p < 3; p++)
+		free(r->order[p]);
+	if (r->buf)
+		munmap(r->buf, r->size);
+	free(r);
+}
+
+int bench_readbw_open(size_t max_bytes, unsigned max_threads, uint64_t seed,
+		      struct bench_readbw **out)
+{
+	struct bench_readbw *r;
+	int ret = 0;
+
+	if (!max_bytes || !max_threads || max_threads > MAX_THREADS || !out)
+		return -EINVAL;
+	r = calloc(1, sizeof(*r));
+	if (!r)
+		return -ENOMEM;
+	pthread_mutex_init(&r->lock, NULL);
+	pthread_cond_init(&r->go, NULL);
+	pthread_cond_init(&r->done, NULL);
+	r->rng = seed | 1;
+	r->size = max_bytes;
+	r->buf = mmap(NULL, max_bytes, PROT_READ | PROT_WRITE, MAP_PRIVATE | MAP_ANONYMOUS, -1, 0);
+	if (r->buf == MAP_FAILED) {
+		r->buf = NULL;
+		ret = -errno;
+		goto fail;
+	}
+	/* every page backed by its own memory: an untouched page would read
+	 * the shared zero page, from cache */
+	for (size_t i = 0; i < max_bytes; i += sizeof(uint64_t)) {
+		uint64_t x = bench_rand(&r->rng);
+
+		memcpy(r->buf + i, &x, max_bytes - i < sizeof(x) ? max_bytes - i : sizeof(x));
+	}
+	if (__builtin_cpu_supports("avx512f")) {
+		r->sum = sum_avx512;
+		r->isa = "avx512";
+	} else if (__builtin_cpu_supports("avx2")) {
+		r->sum = sum_avx2;
+		r->isa = "avx2";
+	} else {
+		r->sum = sum_scalar;
+		r->isa = "scalar";
+	}
+	for (unsigned k = 1; k < max_threads; k++) {
+		struct helper_arg *h = malloc(sizeof(*h));
+
+		if (!h) {
+			ret = -ENOMEM;
+			goto fail;
+		}
+		*h = (struct helper_arg){ r, k };
+		if ((ret = -pthread_create(&r->tid[k], NULL, helper_main, h)) < 0) {
+			free(h);
+			goto fail;
+		}
+		r->helpers = k;
+	}
+	*out = r;
+	return 0;
+fail:
+	bench_readbw_close(r);
+	return ret;
+}
+
+const char *bench_readbw_isa(const struct bench_readbw *r)
+{
+	return r->isa;
+}
+
+/* the chunk orders for @bytes: a random permutation of its chunks, per chunk size */
+static int prepare(struct bench_readbw *r, size_t bytes)
+{
+	if (r->prepared == bytes)
+		return 0;
+	r->prepared = 0;
+	for (int p = BENCH_READ_4K; p <= BENCH_READ_64K; p++) {
+		size_t n = (bytes + chunk_bytes[p] - 1) / chunk_bytes[p];
+		uint32_t *o;
+
+		if (n > UINT32_MAX)
+			return -EOVERFLOW;
+		o = realloc(r->order[p], n * sizeof(*o));
+		if (!o)
+			return -ENOMEM;
+		r->order[p] = o;
+		r->chunks[p] = (uint32_t)n;
+		for (uint32_t i = 0; i < n; i++)
+			o[i] = i;
+		for (uint32_t i = (uint32_t)n - 1; i > 0; i--) {
+			uint32_t k = (uint32_t)(bench_rand(&r->rng) % (i + 1)), x = o[i];
+
+			o[i] = o[k];
+			o[k] = x;
+		}
+	}
+	r->prepared = bytes;
+	return 0;
+}
+
+int bench_readbw_run(struct bench_readbw *r, enum bench_read_pattern pattern, size_t bytes,
+		     unsigned threads, unsigned reps, uint64_t *elapsed_ns)
+{
+	struct job j = { .pattern = pattern, .bytes = bytes, .threads = threads, .reps = reps };
+	uint64_t t0;
+	int ret;
+
+	if (!r || !bytes || bytes > r->size || !threads || threads > r->helpers + 1 || !reps ||
+	    pattern > BENCH_READ_64K || !elapsed_ns)
+		return -EINVAL;
+	if (pattern != BENCH_READ_SWEEP && (ret = prepare(r, bytes)) < 0)
+		return ret;
+	t0 = bench_now_ns();
+	if (threads > 1) {
+		pthread_mutex_lock(&r->lock);
+		r->job = j;
+		r->running = threads - 1;
+		r->gen++;
+		pthread_cond_broadcast(&r->go);
+		pthread_mutex_unlock(&r->lock);
+	}
+	work(r, &j, 0);
+	if (threads > 1) {
+		pthread_mutex_lock(&r->lock);
+		while (r->running)
+			pthread_cond_wait(&r->done, &r->lock);
+		pthread_mutex_unlock(&r->lock);
+	}
+	*elapsed_ns = bench_now_ns() - t0;
+	return 0;
+}
