@@ -93,20 +93,22 @@ AI float hsum8(__m256 v)
 	return _mm_cvtss_f32(s);
 }
 
-struct block {
-	const char *k[KVA__BLOCK_TOKENS], *v[KVA__BLOCK_TOKENS];
-	float ks[KVA__BLOCK_TOKENS], vs[KVA__BLOCK_TOKENS];
-	int n;
-};
-
-/* Score tokens [i, i + TB) x heads [g0, g0 + GB), TB * GB = 8, into s[g][i]. */
-AI void score8(const struct kva__tile *t, const struct block *bk, int i, int g0,
-	       float s[][KVA__BLOCK_TOKENS], const enum kva_dtype dt, const int NC, const int TB,
-	       const int GB)
+/* the next block's rows, a few at a time, every other line (tile_avx512.c) */
+AI void prefetch(const char *const *rows, const struct kva__rows *nx, int i, int n,
+		 size_t row_bytes)
 {
-	const int D = NC * 8, nt = bk->n - i < TB ? bk->n - i : TB;
-	const int ng = t->group - g0 < GB ? t->group - g0 : GB;
-	const size_t esize = kva_dtype_size(dt);
+	for (int j = i; j < i + n && j < nx->n; j++)
+		for (size_t off = 0; off < row_bytes; off += 128)
+			_mm_prefetch(rows[j] + off, _MM_HINT_T0);
+}
+
+/* Score tokens [i, i + nt) x heads [g0, g0 + ng), at most 8, into s[g][i]. */
+AI void score_body(const struct kva__tile *t, const struct kva__rows *bk, int i, int g0,
+		   float s[][KVA__BLOCK_TOKENS], const enum kva_dtype dt, const int NC,
+		   const int GB, const int nt, const int ng)
+{
+	const int D = NC * 8;
+	const size_t esize = kva__esize(dt);
 	__m256 a[8], qv[4];
 	float r[8];
 
@@ -114,16 +116,12 @@ AI void score8(const struct kva__tile *t, const struct block *bk, int i, int g0,
 		a[j] = _mm256_setzero_ps();
 	/* registers: 8 accumulators, GB query chunks, one K chunk */
 	for (int c = 0; c < NC; c++) {
-		for (int gg = 0; gg < GB; gg++)
-			qv[gg] = gg < ng ? _mm256_loadu_ps(t->q + (size_t)(g0 + gg) * D + c * 8)
-					 : _mm256_setzero_ps();
-		for (int tt = 0; tt < TB; tt++) {
-			__m256 kc;
+		for (int gg = 0; gg < ng; gg++)
+			qv[gg] = _mm256_loadu_ps(t->q + (size_t)(g0 + gg) * D + c * 8);
+		for (int tt = 0; tt < nt; tt++) {
+			__m256 kc = load8(bk->k[i + tt] + (size_t)c * 8 * esize, dt);
 
-			if (tt >= nt)
-				break;
-			kc = load8(bk->k[i + tt] + (size_t)c * 8 * esize, dt);
-			for (int gg = 0; gg < GB; gg++)
+			for (int gg = 0; gg < ng; gg++)
 				a[tt * GB + gg] = _mm256_fmadd_ps(kc, qv[gg], a[tt * GB + gg]);
 		}
 	}
@@ -133,108 +131,120 @@ AI void score8(const struct kva__tile *t, const struct block *bk, int i, int g0,
 			s[g0 + gg][i + tt] = r[tt * GB + gg] * bk->ks[i + tt];
 }
 
-/* acc[g] += sum_t p[g][t] v[t]: two tokens and four heads at a time */
-AI void accumulate(const struct kva__tile *t, const struct block *bk,
-		   float s[][KVA__BLOCK_TOKENS], const enum kva_dtype dt, const int NC)
+AI void score8(const struct kva__tile *t, const struct kva__rows *bk, const struct kva__rows *nx,
+	       int i, int g0, float s[][KVA__BLOCK_TOKENS], const enum kva_dtype dt, const int NC,
+	       const int TB, const int GB)
 {
-	const int D = NC * 8, G = t->group;
-	const size_t esize = kva_dtype_size(dt);
+	const int nt = bk->n - i < TB ? bk->n - i : TB;
+	const int ng = t->group - g0 < GB ? t->group - g0 : GB;
 
-	for (int i = 0; i < bk->n; i += 2) {
-		const int nt = bk->n - i < 2 ? bk->n - i : 2;
-
-		for (int g0 = 0; g0 < G; g0 += 4) {
-			const int ng = G - g0 < 4 ? G - g0 : 4;
-			__m256 p[4][2];
-
-			for (int gg = 0; gg < 4; gg++)
-				for (int tt = 0; tt < 2; tt++)
-					p[gg][tt] = _mm256_set1_ps(gg < ng && tt < nt ? s[g0 + gg][i + tt]
-										      : 0.0f);
-			for (int c = 0; c < NC; c++) {
-				__m256 v0 = load8(bk->v[i] + (size_t)c * 8 * esize, dt);
-				__m256 v1 = nt > 1 ? load8(bk->v[i + 1] + (size_t)c * 8 * esize, dt)
-						   : _mm256_setzero_ps();
-
-				for (int gg = 0; gg < ng; gg++) {
-					float *o = t->acc + (size_t)(g0 + gg) * D + c * 8;
-					__m256 acc = _mm256_loadu_ps(o);
-
-					acc = _mm256_fmadd_ps(p[gg][0], v0, acc);
-					acc = _mm256_fmadd_ps(p[gg][1], v1, acc);
-					_mm256_storeu_ps(o, acc);
-				}
-			}
-		}
-	}
+	if (g0 == 0)
+		prefetch(nx->k, nx, i, TB, (size_t)NC * 8 * kva__esize(dt));
+	if (nt == TB && ng == GB)
+		score_body(t, bk, i, g0, s, dt, NC, GB, TB, GB);
+	else
+		score_body(t, bk, i, g0, s, dt, NC, GB, nt, ng);
 }
 
-AI void prefetch_rows(const struct kva__tile *t, int32_t from, int32_t to, size_t row_bytes)
+/* acc[g] += sum_t p[g][t] v[t] for ng heads x nc chunks kept in registers */
+AI void accumulate_body(const struct kva__tile *t, const struct kva__rows *bk,
+			float s[][KVA__BLOCK_TOKENS], int g0, int c0, const enum kva_dtype dt,
+			const int NC, const int CG, const int ng, const int nc)
 {
-	for (int32_t tok = from; tok < to; tok++) {
-		const char *k = kva__row(t, t->kv->k, tok), *v = kva__row(t, t->kv->v, tok);
+	const int D = NC * 8;
+	const size_t esize = kva__esize(dt);
+	__m256 acc[8];
 
-		for (size_t off = 0; off < row_bytes; off += 64) {
-			_mm_prefetch(k + off, _MM_HINT_T0);
-			_mm_prefetch(v + off, _MM_HINT_T0);
+	for (int gg = 0; gg < ng; gg++)
+		for (int cc = 0; cc < nc; cc++)
+			acc[gg * CG + cc] = _mm256_loadu_ps(t->acc + (size_t)(g0 + gg) * D + (c0 + cc) * 8);
+	for (int i = 0; i < bk->n; i++) {
+		const char *row = bk->v[i] + (size_t)c0 * 8 * esize;
+
+		for (int cc = 0; cc < nc; cc++) {
+			__m256 vc = load8(row + (size_t)cc * 8 * esize, dt);
+
+			for (int gg = 0; gg < ng; gg++)
+				acc[gg * CG + cc] = _mm256_fmadd_ps(_mm256_broadcast_ss(&s[g0 + gg][i]), vc,
+								    acc[gg * CG + cc]);
 		}
+	}
+	for (int gg = 0; gg < ng; gg++)
+		for (int cc = 0; cc < nc; cc++)
+			_mm256_storeu_ps(t->acc + (size_t)(g0 + gg) * D + (c0 + cc) * 8,
+					 acc[gg * CG + cc]);
+}
+
+AI void accumulate_part(const struct kva__tile *t, const struct kva__rows *bk,
+			float s[][KVA__BLOCK_TOKENS], int g0, int c0, const enum kva_dtype dt,
+			const int NC, const int GB, const int CG)
+{
+	const int ng = t->group - g0 < GB ? t->group - g0 : GB;
+	const int nc = NC - c0 < CG ? NC - c0 : CG;
+
+	if (ng == GB && nc == CG)
+		accumulate_body(t, bk, s, g0, c0, dt, NC, CG, GB, CG);
+	else
+		accumulate_body(t, bk, s, g0, c0, dt, NC, CG, ng, nc);
+}
+
+/* 8 accumulators: 1 head x 8 chunks, 2 x 4, or 4 x 2 */
+AI void accumulate(const struct kva__tile *t, const struct kva__rows *bk,
+		   const struct kva__rows *nx, float s[][KVA__BLOCK_TOKENS],
+		   const enum kva_dtype dt, const int NC)
+{
+	const int G = t->group;
+
+	prefetch(nx->v, nx, 0, nx->n, (size_t)NC * 8 * kva__esize(dt));
+	if (G == 1) {
+		for (int c0 = 0; c0 < NC; c0 += 8)
+			accumulate_part(t, bk, s, 0, c0, dt, NC, 1, 8);
+	} else if (G == 2) {
+		for (int c0 = 0; c0 < NC; c0 += 4)
+			accumulate_part(t, bk, s, 0, c0, dt, NC, 2, 4);
+	} else {
+		for (int g0 = 0; g0 < G; g0 += 4)
+			for (int c0 = 0; c0 < NC; c0 += 2)
+				accumulate_part(t, bk, s, g0, c0, dt, NC, 4, 2);
 	}
 }
 
 AI void tile(const struct kva__tile *t, const enum kva_dtype dt, const int NC)
 {
-	const struct kva_kv_desc *kv = t->kv;
-	const int G = t->group, D = NC * 8, P = kv->page_size;
-	const size_t row_bytes = (size_t)D * kva_dtype_size(dt);
+	const int G = t->group, D = NC * 8;
 	_Alignas(32) float s[KVA__MAX_GROUP][KVA__BLOCK_TOKENS];
 	const __m256i lane = _mm256_setr_epi32(0, 1, 2, 3, 4, 5, 6, 7);
-	struct block bk;
+	struct kva__rows rows[2], *bk = &rows[0], *nx = &rows[1];
 
 	for (int g = 0; g < G; g++) {
 		t->m[g] = -INFINITY;
 		t->l[g] = 0.0f;
 	}
 	memset(t->acc, 0, sizeof(float) * (size_t)G * D);
-	prefetch_rows(t, t->t0, t->t0 + KVA__BLOCK_TOKENS < t->t1 ? t->t0 + KVA__BLOCK_TOKENS : t->t1,
-		      row_bytes);
+	kva__rows_at(t, t->t0, bk);
+	prefetch(bk->k, bk, 0, 4, (size_t)D * kva__esize(dt));
 
 	for (int32_t tb = t->t0; tb < t->t1; tb += KVA__BLOCK_TOKENS) {
-		int32_t next = tb + KVA__BLOCK_TOKENS;
-		int nv;
+		int nv = (bk->n + 7) / 8;
+		struct kva__rows *swap;
 
-		bk.n = t->t1 - tb < KVA__BLOCK_TOKENS ? t->t1 - tb : KVA__BLOCK_TOKENS;
-		nv = (bk.n + 7) / 8;
-		for (int i = 0; i < bk.n; i++) {
-			int32_t tok = tb + i, page = t->pages[tok / P];
-
-			bk.k[i] = kva__row(t, kv->k, tok);
-			bk.v[i] = kva__row(t, kv->v, tok);
-			bk.ks[i] = kva__scale(kv, kv->k_scale, page, tok % P, t->kv_head);
-			bk.vs[i] = kva__scale(kv, kv->v_scale, page, tok % P, t->kv_head);
-		}
-		for (int i = bk.n; i < nv * 8; i++)
-			bk.vs[i] = 0.0f;
-		if (next < t->t1)
-			prefetch_rows(t, next,
-				      next + KVA__BLOCK_TOKENS < t->t1 ? next + KVA__BLOCK_TOKENS : t->t1,
-				      row_bytes);
-
+		kva__rows_at(t, tb + KVA__BLOCK_TOKENS, nx); /* n = 0 past the end */
 		if (G == 1)
-			for (int i = 0; i < bk.n; i += 8)
-				score8(t, &bk, i, 0, s, dt, NC, 8, 1);
+			for (int i = 0; i < bk->n; i += 8)
+				score8(t, bk, nx, i, 0, s, dt, NC, 8, 1);
 		else if (G == 2)
-			for (int i = 0; i < bk.n; i += 4)
-				score8(t, &bk, i, 0, s, dt, NC, 4, 2);
+			for (int i = 0; i < bk->n; i += 4)
+				score8(t, bk, nx, i, 0, s, dt, NC, 4, 2);
 		else
-			for (int i = 0; i < bk.n; i += 2)
+			for (int i = 0; i < bk->n; i += 2)
 				for (int g0 = 0; g0 < G; g0 += 4)
-					score8(t, &bk, i, g0, s, dt, NC, 2, 4);
+					score8(t, bk, nx, i, g0, s, dt, NC, 2, 4);
 
 		for (int g = 0; g < G; g++) {
 			__m256 sv[KVA__BLOCK_TOKENS / 8], mv = _mm256_set1_ps(-INFINITY), psum;
 			float mb, r;
 
-			for (int i = bk.n; i < nv * 8; i++)
+			for (int i = bk->n; i < nv * 8; i++)
 				s[g][i] = -INFINITY;
 			for (int j = 0; j < nv; j++) {
 				sv[j] = _mm256_load_ps(s[g] + 8 * j);
@@ -257,18 +267,21 @@ AI void tile(const struct kva__tile *t, const enum kva_dtype dt, const int NC)
 			for (int j = 0; j < nv; j++) {
 				/* tokens past the block end are exactly 0 */
 				__m256 live = _mm256_castsi256_ps(_mm256_cmpgt_epi32(
-					_mm256_set1_epi32(bk.n - 8 * j), lane));
+					_mm256_set1_epi32(bk->n - 8 * j), lane));
 				__m256 pj = _mm256_and_ps(live, exp2_ps(_mm256_sub_ps(sv[j],
 										_mm256_set1_ps(mb))));
 
 				psum = _mm256_add_ps(psum, pj);
 				if (dt == KVA_FP8_E4M3 || dt == KVA_INT8)
-					pj = _mm256_mul_ps(pj, _mm256_loadu_ps(bk.vs + 8 * j));
+					pj = _mm256_mul_ps(pj, _mm256_loadu_ps(bk->vs + 8 * j));
 				_mm256_store_ps(s[g] + 8 * j, pj);
 			}
 			t->l[g] += hsum8(psum);
 		}
-		accumulate(t, &bk, s, dt, NC);
+		accumulate(t, bk, nx, s, dt, NC);
+		swap = bk;
+		bk = nx;
+		nx = swap;
 	}
 }
 
