@@ -104,7 +104,7 @@ AI void prefetch(const char *const *rows, const struct kva__rows *nx, int i, int
 
 /* Score tokens [i, i + nt) x heads [g0, g0 + ng), at most 8, into s[g][i]. */
 AI void score_body(const struct kva__tile *t, const struct kva__rows *bk, int i, int g0,
-		   float s[][KVA__BLOCK_TOKENS], const enum kva_dtype dt, const int NC,
+		   float s[][KVA__BLOCK_TOKENS], const enum kva_dtype dt, int NC,
 		   const int GB, const int nt, const int ng)
 {
 	const int D = NC * 8;
@@ -131,8 +131,17 @@ AI void score_body(const struct kva__tile *t, const struct kva__rows *bk, int i,
 			s[g0 + gg][i + tt] = r[tt * GB + gg] * bk->ks[i + tt];
 }
 
+/* the tail of a block, or of a group of heads: one shared instance */
+static __attribute__((noinline)) void score_tail(const struct kva__tile *t,
+						 const struct kva__rows *bk, int i, int g0,
+						 float s[][KVA__BLOCK_TOKENS], enum kva_dtype dt,
+						 int NC, int GB, int nt, int ng)
+{
+	score_body(t, bk, i, g0, s, dt, NC, GB, nt, ng);
+}
+
 AI void score8(const struct kva__tile *t, const struct kva__rows *bk, const struct kva__rows *nx,
-	       int i, int g0, float s[][KVA__BLOCK_TOKENS], const enum kva_dtype dt, const int NC,
+	       int i, int g0, float s[][KVA__BLOCK_TOKENS], const enum kva_dtype dt, int NC,
 	       const int TB, const int GB)
 {
 	const int nt = bk->n - i < TB ? bk->n - i : TB;
@@ -143,13 +152,13 @@ AI void score8(const struct kva__tile *t, const struct kva__rows *bk, const stru
 	if (nt == TB && ng == GB)
 		score_body(t, bk, i, g0, s, dt, NC, GB, TB, GB);
 	else
-		score_body(t, bk, i, g0, s, dt, NC, GB, nt, ng);
+		score_tail(t, bk, i, g0, s, dt, NC, GB, nt, ng);
 }
 
 /* acc[g] += sum_t p[g][t] v[t] for ng heads x nc chunks kept in registers */
 AI void accumulate_body(const struct kva__tile *t, const struct kva__rows *bk,
 			float s[][KVA__BLOCK_TOKENS], int g0, int c0, const enum kva_dtype dt,
-			const int NC, const int CG, const int ng, const int nc)
+			int NC, const int CG, const int ng, const int nc)
 {
 	const int D = NC * 8;
 	const size_t esize = kva__esize(dt);
@@ -175,9 +184,18 @@ AI void accumulate_body(const struct kva__tile *t, const struct kva__rows *bk,
 					 acc[gg * CG + cc]);
 }
 
+static __attribute__((noinline)) void accumulate_tail(const struct kva__tile *t,
+						      const struct kva__rows *bk,
+						      float s[][KVA__BLOCK_TOKENS], int g0, int c0,
+						      enum kva_dtype dt, int NC, int CG, int ng,
+						      int nc)
+{
+	accumulate_body(t, bk, s, g0, c0, dt, NC, CG, ng, nc);
+}
+
 AI void accumulate_part(const struct kva__tile *t, const struct kva__rows *bk,
 			float s[][KVA__BLOCK_TOKENS], int g0, int c0, const enum kva_dtype dt,
-			const int NC, const int GB, const int CG)
+			int NC, const int GB, const int CG)
 {
 	const int ng = t->group - g0 < GB ? t->group - g0 : GB;
 	const int nc = NC - c0 < CG ? NC - c0 : CG;
@@ -185,13 +203,13 @@ AI void accumulate_part(const struct kva__tile *t, const struct kva__rows *bk,
 	if (ng == GB && nc == CG)
 		accumulate_body(t, bk, s, g0, c0, dt, NC, CG, GB, CG);
 	else
-		accumulate_body(t, bk, s, g0, c0, dt, NC, CG, ng, nc);
+		accumulate_tail(t, bk, s, g0, c0, dt, NC, CG, ng, nc);
 }
 
 /* 8 accumulators: 1 head x 8 chunks, 2 x 4, or 4 x 2 */
 AI void accumulate(const struct kva__tile *t, const struct kva__rows *bk,
 		   const struct kva__rows *nx, float s[][KVA__BLOCK_TOKENS],
-		   const enum kva_dtype dt, const int NC)
+		   const enum kva_dtype dt, int NC)
 {
 	const int G = t->group;
 
@@ -209,7 +227,7 @@ AI void accumulate(const struct kva__tile *t, const struct kva__rows *bk,
 	}
 }
 
-AI void tile(const struct kva__tile *t, const enum kva_dtype dt, const int NC)
+AI void tile(const struct kva__tile *t, const enum kva_dtype dt, int NC)
 {
 	const int G = t->group, D = NC * 8;
 	_Alignas(32) float s[KVA__MAX_GROUP][KVA__BLOCK_TOKENS];
@@ -285,25 +303,30 @@ AI void tile(const struct kva__tile *t, const enum kva_dtype dt, const int NC)
 	}
 }
 
-#define FOR_NC(dt)                                                                            \
-	switch (NC) {                                                                         \
-	case 8: tile(t, dt, 8); return;                                                       \
-	case 10: tile(t, dt, 10); return;                                                     \
-	case 12: tile(t, dt, 12); return;                                                     \
-	case 16: tile(t, dt, 16); return;                                                     \
-	case 32: tile(t, dt, 32); return;                                                     \
-	default: tile(t, dt, NC); return;                                                     \
-	}
-
+/*
+ * One instance per dtype (its conversion is in the innermost loops); head_dim
+ * is a run-time count of 8-lane chunks: unrolling over it as well made the
+ * code ten times larger for no speed that could be measured.
+ */
 void kva__tile_avx2(const struct kva__tile *t)
 {
 	const int NC = t->kv->head_dim / 8;
 
 	switch (t->kv->dtype) {
-	case KVA_F32: FOR_NC(KVA_F32)
-	case KVA_F16: FOR_NC(KVA_F16)
-	case KVA_BF16: FOR_NC(KVA_BF16)
-	case KVA_FP8_E4M3: FOR_NC(KVA_FP8_E4M3)
-	case KVA_INT8: FOR_NC(KVA_INT8)
+	case KVA_F32:
+		tile(t, KVA_F32, NC);
+		return;
+	case KVA_F16:
+		tile(t, KVA_F16, NC);
+		return;
+	case KVA_BF16:
+		tile(t, KVA_BF16, NC);
+		return;
+	case KVA_FP8_E4M3:
+		tile(t, KVA_FP8_E4M3, NC);
+		return;
+	case KVA_INT8:
+		tile(t, KVA_INT8, NC);
+		return;
 	}
 }
