@@ -134,7 +134,8 @@ const char *kva_isa_name(enum kva_isa isa);
  * none current, device 0's primary context, the one the CUDA runtime uses);
  * the structs kva_kv_desc and kva_page_table themselves are in host memory.
  * Work is queued on @stream (a CUstream; NULL: the legacy default stream)
- * and the calls return before it runs; it may be captured in a CUDA graph.
+ * and the calls return before it runs: past the first call in a context,
+ * which loads the kernels, nothing in them waits for the device.
  * Scratch memory comes from the device's stream-ordered pool
  * (cuMemAllocAsync) and is freed on the same stream.
  *
@@ -147,7 +148,7 @@ const char *kva_isa_name(enum kva_isa isa);
  * 0..num_pages-1 reads nothing outside the cache and gets NaN in every out
  * and lse element of its query heads; a store with a slot past the last page
  * or a bad fp8 scale writes nothing at all. Either sets a bit below in the
- * module's error word (kva_cuda_take_errors).
+ * context's error word (kva_cuda_take_errors).
  */
 #define KVA_CUDA_ERR_PAGE_TABLE 0x1u /* indptr or last_page_len inconsistent, indices NULL */
 #define KVA_CUDA_ERR_PAGE_ID 0x2u    /* a page id outside 0..num_pages-1 */
@@ -166,12 +167,13 @@ int kva_cuda_available(void);
 /*
  * kva_decode_cuda - kva_decode on the GPU (see the pointer rules above).
  * Same arguments and results as kva_decode, to fp32 rounding: the split plan
- * is the same for the same options; @opts->threads and @opts->isa are
- * checked as kva_decode checks them and otherwise ignored. Scratch is
- * batch * num_kv_heads * max_splits * group * (head_dim + 2) floats plus q
- * in fp32: lower @opts->max_splits to bound it.
+ * is the same for the same options; @opts->threads is range-checked as
+ * kva_decode checks it, and neither it nor @opts->isa has an effect.
+ * Scratch is batch * num_kv_heads * max_splits * group * (head_dim + 2)
+ * floats plus q in fp32: lower @opts->max_splits to bound it.
  * Return: 0 (queued), -EINVAL, -ENOTSUP or -ENODEV as kva_cuda_available,
- * -ENOMEM (scratch), -EIO (another driver failure; kva_errmsg() names it).
+ * -ENOMEM (scratch), -ENOSPC (kernels already loaded in 64 contexts), -EIO
+ * (another driver failure; kva_errmsg() names it).
  */
 int kva_decode_cuda(const struct kva_kv_desc *kv, const struct kva_page_table *pt,
 		    const void *q, enum kva_dtype q_dtype, int32_t num_q_heads, float sm_scale,
@@ -181,7 +183,7 @@ int kva_decode_cuda(const struct kva_kv_desc *kv, const struct kva_page_table *p
  * kva_store_kv_cuda - kva_store_kv on the GPU (see the pointer rules above),
  * writing the same bytes (and int8 scales) as kva_store_kv. The slots and
  * fp8 scales are checked by one kernel before the next writes anything.
- * Return: 0 (queued), -EINVAL, -ENOTSUP, -ENODEV, -ENOMEM, -EIO.
+ * Return: 0 (queued), -EINVAL, -ENOTSUP, -ENODEV, -ENOMEM, -ENOSPC, -EIO.
  */
 int kva_store_kv_cuda(const struct kva_kv_desc *kv, const void *k, const void *v,
 		      enum kva_dtype in_dtype, const int64_t *slot_mapping, int32_t n_tokens,
@@ -191,7 +193,8 @@ int kva_store_kv_cuda(const struct kva_kv_desc *kv, const void *k, const void *v
  * kva_cuda_take_errors - the KVA_CUDA_ERR_* bits the kernels of the calling
  * thread's context set since the last call, in *@errors, and clears them.
  * Waits for the context's queued work first, so it is for checks and
- * debugging, not for every step. Return: 0, -ENOTSUP, -ENODEV, -EIO.
+ * debugging, not for every step. Return: 0, -EINVAL (NULL @errors),
+ * -ENOTSUP, -ENODEV, -ENOSPC, -EIO.
  */
 int kva_cuda_take_errors(uint32_t *errors);
 

@@ -45,6 +45,12 @@
 
 int kva__kv_desc_check(const struct kva_kv_desc *kv);
 
+_Static_assert(sizeof(struct kva__cuda_kv) == KVA__CUDA_KV_SIZE, "kva__cuda_kv layout");
+_Static_assert(sizeof(struct kva__cuda_decode_args) == KVA__CUDA_DECODE_ARGS_SIZE,
+	       "decode args layout");
+_Static_assert(sizeof(struct kva__cuda_store_args) == KVA__CUDA_STORE_ARGS_SIZE,
+	       "store args layout");
+
 /* ------------------------------------------------ the driver, by hand */
 
 typedef int cu_result;                 /* CUresult */
@@ -58,6 +64,7 @@ typedef unsigned long long cu_deviceptr;
 /* values from cuda.h (CUDA 13.0), part of the driver's stable ABI */
 #define CU_SUCCESS 0
 #define CU_ERROR_OUT_OF_MEMORY 2
+#define CU_ERROR_NOT_A_DRIVER 34 /* the toolkit's link-time libcuda.so answered */
 #define CU_ERROR_NO_DEVICE 100
 #define CU_DEVICE_ATTRIBUTE_MAX_SHARED_MEMORY_PER_BLOCK_OPTIN 97
 #define CU_FUNC_ATTRIBUTE_SHARED_SIZE_BYTES 1
@@ -96,8 +103,6 @@ struct driver {
 	cu_result (*ctx_synchronize)(void);
 	cu_result (*module_load_data)(cu_module *mod, const void *image);
 	cu_result (*module_get_function)(cu_function *fn, cu_module mod, const char *name);
-	cu_result (*module_get_global)(cu_deviceptr *ptr, size_t *bytes, cu_module mod,
-				       const char *name);
 	cu_result (*func_get_attribute)(int *value, int attr, cu_function fn);
 	cu_result (*func_set_attribute)(cu_function fn, int attr, int value);
 	cu_result (*launch_kernel)(cu_function fn, unsigned int gx, unsigned int gy,
@@ -141,7 +146,6 @@ static const struct entry {
 	E("cuCtxSynchronize", ctx_synchronize),
 	E("cuModuleLoadData", module_load_data),
 	E("cuModuleGetFunction", module_get_function),
-	E("cuModuleGetGlobal", module_get_global),
 	E("cuFuncGetAttribute", func_get_attribute),
 	E("cuFuncSetAttribute", func_set_attribute),
 	E("cuLaunchKernel", launch_kernel),
@@ -214,9 +218,19 @@ static void load_driver(void)
 					      CU_GET_PROC_ADDRESS_LEGACY_STREAM, &status)
 				: get_proc_v1(entries[i].name, &sym, CU_API_VERSION,
 					      CU_GET_PROC_ADDRESS_LEGACY_STREAM);
-		if ((r != CU_SUCCESS || status != 0 || !sym) && !entries[i].optional) {
-			driver_fail(-ENODEV, "cuda: the CUDA driver has no %s (cuGetProcAddress "
-				    "error %d): it is older than CUDA 12.0", entries[i].name, r);
+		if (r == CU_ERROR_NOT_A_DRIVER) {
+			driver_fail(-ENODEV, "cuda: no CUDA driver (libcuda.so.1 is the toolkit's "
+				    "link-time library, CUresult %d)", r);
+			return;
+		}
+		if (r != CU_SUCCESS && !entries[i].optional) {
+			driver_fail(-ENODEV, "cuda: cuGetProcAddress(%s) failed (CUresult %d)",
+				    entries[i].name, r);
+			return;
+		}
+		if ((status != 0 || !sym) && !entries[i].optional) {
+			driver_fail(-ENODEV, "cuda: the CUDA driver has no %s: it is older than "
+				    "CUDA 12.0", entries[i].name);
 			return;
 		}
 		if (r == CU_SUCCESS && status == 0 && sym)
@@ -287,7 +301,12 @@ struct module {
 	_Atomic uint64_t key;  /* context id + 1; 0: free */
 	cu_module mod;
 	cu_function q, tile, merge, store_check, store;
-	cu_deviceptr errors;   /* kva_cuda_errors in this module */
+	/* KVA_CUDA_ERR_* of this context: set by the kernels (atomicOr), read
+	 * and cleared by kva_cuda_take_errors after a synchronize. A word of
+	 * our own rather than a __device__ variable: nvcc gives those local
+	 * binding in a non-relocatable cubin, and an allocation needs no
+	 * symbol lookup at all. */
+	cu_deviceptr errors;
 	int32_t tile_smem;     /* dynamic shared memory a tile block may have */
 };
 
@@ -353,7 +372,7 @@ static struct module *module_find(uint64_t key)
 static int module_load(struct module *m)
 {
 	const void *image;
-	size_t len, bytes;
+	size_t len;
 	cu_device dev;
 	int optin = 48 * 1024, stat = 0;
 	cu_result r;
@@ -380,8 +399,10 @@ static int module_load(struct module *m)
 	for (size_t i = 0; i < sizeof(fns) / sizeof(fns[0]); i++)
 		if ((r = drv.module_get_function(fns[i].fn, m->mod, fns[i].name)) != CU_SUCCESS)
 			return cu_fail(r, fns[i].name);
-	if ((r = drv.module_get_global(&m->errors, &bytes, m->mod, KVA__CUDA_ERRORS)) != CU_SUCCESS)
-		return cu_fail(r, KVA__CUDA_ERRORS);
+	if ((r = drv.mem_alloc(&m->errors, sizeof(uint32_t))) != CU_SUCCESS)
+		return cu_fail(r, "cuMemAlloc of the error word");
+	if ((r = drv.memset_d32(m->errors, 0, 1)) != CU_SUCCESS)
+		return cu_fail(r, "cuMemsetD32 of the error word");
 	/* a tile may use all the shared memory a block can opt in to, less
 	 * what the kernel declares statically */
 	if (drv.ctx_get_device(&dev) == CU_SUCCESS)
@@ -491,7 +512,7 @@ static size_t tile_layout(struct kva__cuda_decode_args *a, int32_t max_bytes)
 	const int32_t G = a->group, D = a->kv.head_dim;
 
 	for (int i = 0; i < 3; i++)
-		for (int32_t T = KVA__BLOCK_TOKENS; T >= 1; T /= 2)
+		for (int32_t T = KVA__CUDA_MAX_BLOCK_TOKENS; T >= 1; T /= 2)
 			if (tile_smem(T, G, D, modes[i][0], modes[i][1]) <= (size_t)max_bytes ||
 			    (i == 2 && T == 1)) {
 				a->block_tokens = T;
@@ -569,6 +590,7 @@ int kva_decode_cuda(const struct kva_kv_desc *kv, const struct kva_page_table *p
 	}
 	a.qf = (float *)(uintptr_t)scratch;
 	a.part = (float *)(uintptr_t)(scratch + qbytes);
+	a.errors = (uint32_t *)(uintptr_t)c.m->errors;
 	if ((ret = launch(c.m->q, (unsigned int)rows, 1, 1, KVA__CUDA_ROW_THREADS, 0, s, &a,
 			  KVA__CUDA_FN_Q)) < 0 ||
 	    (ret = launch(c.m->tile, (unsigned int)tiles, 1, 1, KVA__CUDA_TILE_THREADS,
@@ -624,6 +646,7 @@ int kva_store_kv_cuda(const struct kva_kv_desc *kv, const void *k, const void *v
 		goto out;
 	}
 	a.flag = (uint32_t *)(uintptr_t)flag;
+	a.errors = (uint32_t *)(uintptr_t)c.m->errors;
 	if ((r = drv.memset_d32_async(flag, 0, 1, s)) != CU_SUCCESS)
 		ret = cu_fail(r, "cuMemsetD32Async of the store's flag");
 	else if ((ret = launch(c.m->store_check,

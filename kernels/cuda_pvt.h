@@ -21,13 +21,13 @@
 #define KVA__CUDA_FN_MERGE "kva_cuda_merge"
 #define KVA__CUDA_FN_STORE_CHECK "kva_cuda_store_check"
 #define KVA__CUDA_FN_STORE "kva_cuda_store"
-/* the module's error word (KVA_CUDA_ERR_* bits), set by atomicOr */
-#define KVA__CUDA_ERRORS "kva_cuda_errors"
 
 /* threads per block; the tile kernel is compiled with this launch bound */
 #define KVA__CUDA_TILE_THREADS 256
 #define KVA__CUDA_ROW_THREADS 128   /* q, merge and store: one block per row */
 #define KVA__CUDA_CHECK_THREADS 256 /* store_check: one thread per token */
+/* tokens a tile scores per softmax update: a warp's lanes take one each */
+#define KVA__CUDA_MAX_BLOCK_TOKENS 32
 
 /* The KV descriptor as the kernels read it (struct kva_kv_desc, flattened). */
 struct kva__cuda_kv {
@@ -55,12 +55,13 @@ struct kva__cuda_decode_args {
 	float *lse;             /* [batch][num_q_heads] or NULL */
 	float *qf;              /* scratch [batch][num_q_heads][head_dim]: q * q_scale */
 	float *part;            /* scratch [batch][num_kv_heads][max_splits][part_stride] */
-	int64_t part_stride;    /* group * (2 + head_dim): m[group], l[group], acc[group][head_dim] */
+	uint32_t *errors;       /* the context's KVA_CUDA_ERR_* word (cuda.c, struct module) */
+	int64_t part_stride;    /* group * (2 + head_dim): m[group], l[group], acc[group][D] */
 	int32_t batch, num_q_heads, group;
 	int32_t split_tokens, max_splits;
 	int32_t q_dtype;        /* enum kva_dtype: f32, f16, bf16 */
 	float q_scale;          /* sm_scale * log2(e) */
-	int32_t block_tokens;   /* tokens scored per softmax update, 1..32 */
+	int32_t block_tokens;   /* tokens per softmax update, 1..KVA__CUDA_MAX_BLOCK_TOKENS */
 	int32_t q_in_smem;      /* 1: the group's q is copied to shared memory */
 	int32_t acc_in_smem;    /* 1: acc lives in shared memory, else in part */
 };
@@ -71,9 +72,17 @@ struct kva__cuda_store_args {
 	const void *k, *v;      /* [n_tokens][num_kv_heads][head_dim], in_dtype */
 	const int64_t *slot_mapping;
 	uint32_t *flag;         /* scratch word, zeroed before store_check */
+	uint32_t *errors;       /* the context's KVA_CUDA_ERR_* word */
 	int32_t n_tokens;
 	int32_t in_dtype;       /* enum kva_dtype: f32, f16, bf16 */
 };
+
+/* Both compilers assert these sizes (cuda.c, decode.cu): a field added on
+ * one side only, or laid out differently, fails the build instead of
+ * passing the kernels shifted arguments. */
+#define KVA__CUDA_KV_SIZE 104
+#define KVA__CUDA_DECODE_ARGS_SIZE 224
+#define KVA__CUDA_STORE_ARGS_SIZE 152
 
 #ifndef __CUDACC__
 /*

@@ -25,16 +25,17 @@
  * on the host. A sequence whose indptr / last_page_len are inconsistent, or
  * one of whose page ids is out of 0..num_pages-1, reads no K/V outside the
  * cache: out-of-range pages read as zero, and every query head of that
- * sequence gets NaN in out and lse. The kernels also set bits of the module's
- * error word, which kva_cuda_take_errors() reads.
+ * sequence gets NaN in out and lse. The kernels also set bits (atomicOr) of
+ * the context's error word, which kva_cuda_take_errors() reads and clears.
  */
 #include "cuda_pvt.h"
 #include "decode_math.h"
 #include "kvarena.h"
 
-/* KVA_CUDA_ERR_* bits; written by atomicOr, read and cleared by the host
- * (kva_cuda_take_errors, after a context synchronize) */
-__device__ unsigned int kva_cuda_errors;
+static_assert(sizeof(kva__cuda_kv) == KVA__CUDA_KV_SIZE, "kva__cuda_kv layout");
+static_assert(sizeof(kva__cuda_decode_args) == KVA__CUDA_DECODE_ARGS_SIZE, "decode args layout");
+static_assert(sizeof(kva__cuda_store_args) == KVA__CUDA_STORE_ARGS_SIZE, "store args layout");
+static_assert(KVA__CUDA_MAX_BLOCK_TOKENS <= 32, "the softmax gives each token a lane");
 
 #define FULL_WARP 0xffffffffu
 
@@ -240,7 +241,8 @@ kva_cuda_tile(const kva__cuda_decode_args a)
 		}
 		__syncthreads();
 		/* the block's maximum folds into the state: a warp per query head,
-		 * a lane per token (T <= 32); the warps with no head load V */
+		 * a lane per token (T <= KVA__CUDA_MAX_BLOCK_TOKENS, a warp's
+		 * lanes); the warps with no head load V */
 		for (int32_t g = warp; g < G; g += warps) {
 			float sc = lane < n ? p[g * T + lane] : -INFINITY;
 			float mb = kva_max(m[g], warp_max(sc));
@@ -273,7 +275,7 @@ kva_cuda_tile(const kva__cuda_decode_args a)
 	if (bad) {
 		/* l = NaN tells the merge this split read a page that is not there */
 		if (threadIdx.x == 0)
-			atomicOr(&kva_cuda_errors, KVA_CUDA_ERR_PAGE_ID);
+			atomicOr(a.errors, KVA_CUDA_ERR_PAGE_ID);
 		for (int32_t g = threadIdx.x; g < G; g += blockDim.x) {
 			part[g] = -INFINITY;
 			part[G + g] = NAN;
@@ -305,7 +307,7 @@ kva_cuda_merge(const kva__cuda_decode_args a)
 
 	if (!plan_seq(a, b, &sp)) {
 		if (threadIdx.x == 0 && qh == 0)
-			atomicOr(&kva_cuda_errors, KVA_CUDA_ERR_PAGE_TABLE);
+			atomicOr(a.errors, KVA_CUDA_ERR_PAGE_TABLE);
 		for (int32_t d = threadIdx.x; d < D; d += blockDim.x)
 			store_f(a.out, a.q_dtype, obase + d, NAN);
 		if (a.lse && threadIdx.x == 0)
@@ -369,7 +371,7 @@ kva_cuda_store_check(const kva__cuda_store_args a)
 	}
 	if (err) {
 		atomicOr(a.flag, err);
-		atomicOr(&kva_cuda_errors, err);
+		atomicOr(a.errors, err);
 	}
 }
 
@@ -405,8 +407,11 @@ kva_cuda_store(const kva__cuda_store_args a)
 	case KVA_FP8_E4M3: {
 		float inv = 1.0f / scales[kv.flags & KVA_KV_SCALE_PER_TENSOR ? 0 : h];
 
-		for (int32_t d = threadIdx.x; d < D; d += blockDim.x)
-			((uint8_t *)base)[e + d] = kva_f32_to_fp8(load_f(in, a.in_dtype, src + d) * inv);
+		for (int32_t d = threadIdx.x; d < D; d += blockDim.x) {
+			float x = load_f(in, a.in_dtype, src + d);
+
+			((uint8_t *)base)[e + d] = kva_f32_to_fp8(x * inv);
+		}
 		break;
 	}
 	case KVA_INT8: {
@@ -423,10 +428,14 @@ kva_cuda_store(const kva__cuda_store_args a)
 			amax = kva_max(amax, warp_amax[w]);
 		scale = amax / 127.0f;
 		inv = scale > 0.0f ? 1.0f / scale : 0.0f;
-		for (int32_t d = threadIdx.x; d < D; d += blockDim.x)
-			((int8_t *)base)[e + d] = kva_f32_to_i8(load_f(in, a.in_dtype, src + d), inv);
+		for (int32_t d = threadIdx.x; d < D; d += blockDim.x) {
+			float x = load_f(in, a.in_dtype, src + d);
+
+			((int8_t *)base)[e + d] = kva_f32_to_i8(x, inv);
+		}
 		if (threadIdx.x == 0)
-			scales[(int64_t)page * kv.scale_page_stride + (int64_t)off * kv.scale_token_stride +
+			scales[(int64_t)page * kv.scale_page_stride +
+			       (int64_t)off * kv.scale_token_stride +
 			       (int64_t)h * kv.scale_head_stride] = scale;
 		break;
 	}

@@ -31,7 +31,7 @@
 
 static const char *const kernel_names[] = {
 	KVA__CUDA_FN_Q, KVA__CUDA_FN_TILE, KVA__CUDA_FN_MERGE, KVA__CUDA_FN_STORE_CHECK,
-	KVA__CUDA_FN_STORE, KVA__CUDA_ERRORS,
+	KVA__CUDA_FN_STORE,
 };
 
 /* ------------------------------------------------------ no driver needed */
@@ -269,6 +269,7 @@ static void run_gpu_case(const struct gpu_case *gc, uint64_t seed)
 	float *kin, *vin, *qf, *lse = malloc(sizeof(float) * N_SEQ * Hq);
 	float *glse = malloc(sizeof(float) * N_SEQ * Hq);
 	void *q = malloc(nq * qsize), *out = malloc(nq * qsize), *gout = malloc(nq * qsize);
+	void *gback = malloc(nq * qsize);
 	void *hk, *hv, *dk, *dv, *dks = NULL, *dvs = NULL, *dq, *dout, *dlse, *dindptr, *dind;
 	void *dlast, *dslots, *dkin, *dvin, *back;
 	float *hks = NULL, *hvs = NULL;
@@ -282,8 +283,10 @@ static void run_gpu_case(const struct gpu_case *gc, uint64_t seed)
 		tokens += case_lens[b];
 	}
 	pages = indptr[N_SEQ] + 2;
+	if (pages % 7 == 0) /* i * 7 + 1 mod pages must be a permutation */
+		pages++;
 	indices = malloc(sizeof(int32_t) * (size_t)indptr[N_SEQ]);
-	for (int32_t i = 0; i < indptr[N_SEQ]; i++) /* a permutation: pages out of order */
+	for (int32_t i = 0; i < indptr[N_SEQ]; i++) /* no two tokens share a slot */
 		indices[i] = (int32_t)(((int64_t)i * 7 + 1) % pages);
 
 	/* NHD, a padded page */
@@ -361,7 +364,7 @@ static void run_gpu_case(const struct gpu_case *gc, uint64_t seed)
 	/* decode on both */
 	qf = malloc(sizeof(float) * nq);
 	for (size_t i = 0; i < nq; i++) {
-		qf[i] = 3.0f * frand(&rng);
+		qf[i] = frand(&rng);
 		if (gc->q_dt == KVA_F16)
 			((uint16_t *)q)[i] = kva_f32_to_f16(qf[i]);
 		else if (gc->q_dt == KVA_BF16)
@@ -384,20 +387,26 @@ static void run_gpu_case(const struct gpu_case *gc, uint64_t seed)
 	dev_get(gout, dout, nq * qsize);
 	dev_get(glse, dlse, sizeof(float) * N_SEQ * Hq);
 	for (size_t h = 0; h < (size_t)N_SEQ * Hq; h++) {
-		/* fp32 sums in another order; f16 / bf16 outputs may round apart by one unit */
-		double scale = 1e-30, tol = gc->q_dt == KVA_F32 ? 2e-5 : gc->q_dt == KVA_F16 ? 2e-3 : 1.6e-2;
+		/* fp32 sums in another order and fused multiply-adds move scores by
+		 * a few units in the last place, which exp2 turns into relative
+		 * errors of that size; f16 / bf16 outputs may then round apart by
+		 * one unit. A wrong index or a missed token errs by far more. */
+		double scale = 1e-30;
+		double tol = gc->q_dt == KVA_F32 ? 1e-4 : gc->q_dt == KVA_F16 ? 2e-3 : 1.6e-2;
 
 		for (int32_t d = 0; d < D; d++)
 			scale = fmax(scale, fabs(out_at(out, gc->q_dt, h * D + d)));
 		for (int32_t d = 0; d < D; d++) {
-			double c = out_at(out, gc->q_dt, h * D + d), g = out_at(gout, gc->q_dt, h * D + d);
+			double c = out_at(out, gc->q_dt, h * D + d);
+			double g = out_at(gout, gc->q_dt, h * D + d);
 
 			if (!(fabs(c - g) <= tol * scale))
 				fail_msg("%s q %s group %d dim %d: head %zu dim %d: cpu %g gpu %g",
 					 kva_dtype_name(gc->dt), kva_dtype_name(gc->q_dt), gc->group, D,
 					 h, d, c, g);
 		}
-		if (isinf(lse[h]) ? glse[h] != lse[h] : !(fabs(glse[h] - lse[h]) <= 1e-5 * fmax(1, fabs(lse[h]))))
+		if (isinf(lse[h]) ? glse[h] != lse[h]
+				  : !(fabs(glse[h] - lse[h]) <= 1e-4 * fmax(1, fabs(lse[h]))))
 			fail_msg("lse of head %zu: cpu %g gpu %g", h, lse[h], glse[h]);
 	}
 	assert_int_equal(kva_cuda_take_errors(&errors), 0);
@@ -411,13 +420,13 @@ static void run_gpu_case(const struct gpu_case *gc, uint64_t seed)
 				 0);
 		assert_int_equal(kva_decode_cuda(&dkv, &dpt, dq, gc->q_dt, Hq,
 						 1.0f / sqrtf((float)D), dout, dlse, &opts, NULL), 0);
-		dev_get(back, dout, nq * qsize);
+		dev_get(gback, dout, nq * qsize);
 		dev_get(glse, dlse, sizeof(float) * N_SEQ * Hq);
 		for (size_t i = 0; i < nq; i++)
 			if (i / ((size_t)Hq * D) == 3)
-				assert_true(isnan(out_at(back, gc->q_dt, i)));
+				assert_true(isnan(out_at(gback, gc->q_dt, i)));
 			else
-				assert_false(isnan(out_at(back, gc->q_dt, i)));
+				assert_false(isnan(out_at(gback, gc->q_dt, i)));
 		assert_true(isnan(glse[3 * Hq]));
 		assert_int_equal(kva_cuda_take_errors(&errors), 0);
 		assert_int_equal(errors, KVA_CUDA_ERR_PAGE_ID);
@@ -460,6 +469,7 @@ static void run_gpu_case(const struct gpu_case *gc, uint64_t seed)
 	free(q);
 	free(out);
 	free(gout);
+	free(gback);
 	free(lse);
 	free(glse);
 	free(back);
@@ -476,6 +486,10 @@ static void test_gpu_store_and_decode_match_the_cpu(void **state)
 	int avail = kva_cuda_available();
 
 	(void)state;
+	if (avail == -ENOTSUP) {
+		print_message("skipped: libkvarena was built without nvcc (%s)\n", kva_errmsg());
+		skip();
+	}
 	if (avail != 0) {
 		print_message("skipped: no CUDA driver or CUDA device is present (%s)\n",
 			      kva_errmsg());
