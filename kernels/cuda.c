@@ -43,7 +43,6 @@
 #include "decode_fatbin.h"
 #endif
 
-int kva__kv_desc_check(const struct kva_kv_desc *kv);
 
 _Static_assert(sizeof(struct kva__cuda_kv) == KVA__CUDA_KV_SIZE, "kva__cuda_kv layout");
 _Static_assert(sizeof(struct kva__cuda_decode_args) == KVA__CUDA_DECODE_ARGS_SIZE,
@@ -465,35 +464,6 @@ static int bad(const char *what)
 	return kva__err(-EINVAL, "decode_cuda: %s", what);
 }
 
-/* What decode.c's check() tests without reading the page table, which is
- * in device memory here; the kernels check its contents. */
-static int decode_check(const struct kva_kv_desc *kv, const struct kva_page_table *pt,
-			const void *q, enum kva_dtype q_dtype, int32_t num_q_heads, float sm_scale,
-			const void *out, const struct kva_decode_opts *o)
-{
-	int ret;
-
-	if ((ret = kva__kv_desc_check(kv)) < 0)
-		return ret;
-	if (!pt || !q || !out)
-		return bad("NULL page table, q or out");
-	if (q_dtype != KVA_F32 && q_dtype != KVA_F16 && q_dtype != KVA_BF16)
-		return bad("q and out must be f32, f16 or bf16");
-	if (num_q_heads < 1 || num_q_heads % kv->num_kv_heads)
-		return bad("num_q_heads must be a multiple of num_kv_heads");
-	if (num_q_heads / kv->num_kv_heads > KVA__MAX_GROUP)
-		return bad("more than 64 query heads per KV head");
-	if (!(sm_scale == sm_scale) || sm_scale == 0.0f || sm_scale > 1e30f || sm_scale < -1e30f)
-		return bad("sm_scale must be finite and not 0");
-	if (pt->batch < 0 || (pt->batch && (!pt->indptr || !pt->last_page_len)))
-		return bad("page table: negative batch or NULL arrays");
-	if (pt->page_size != kv->page_size)
-		return bad("page table and descriptor disagree on page_size");
-	if (o->threads < 0 || o->threads > 256 || o->split_tokens < 0 || o->max_splits < 0)
-		return bad("options: threads 0..256, split_tokens and max_splits >= 0");
-	return 0;
-}
-
 static size_t tile_smem(int32_t T, int32_t G, int32_t D, int32_t q_in, int32_t acc_in)
 {
 	return sizeof(float) * ((size_t)T * D + (size_t)G * T + (size_t)T + 3 * (size_t)G +
@@ -550,7 +520,7 @@ int kva_decode_cuda(const struct kva_kv_desc *kv, const struct kva_page_table *p
 	cu_result r;
 	int ret;
 
-	if ((ret = decode_check(kv, pt, q, q_dtype, num_q_heads, sm_scale, out, &o)) < 0)
+	if ((ret = kva__decode_args_check(kv, pt, q, q_dtype, num_q_heads, sm_scale, out, &o)) < 0)
 		return ret;
 	if ((ret = kva_cuda_available()) < 0)
 		return ret;

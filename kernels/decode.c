@@ -108,8 +108,14 @@ int kva__kv_desc_check(const struct kva_kv_desc *kv)
 	return 0;
 }
 
-static int check(const struct kva_kv_desc *kv, const struct kva_page_table *pt, const void *q,
-		 enum kva_dtype q_dtype, int32_t num_q_heads, float sm_scale, const void *out)
+/*
+ * kva__decode_args_check - everything kva_decode checks that does not read
+ * the page table's arrays: shared with kva_decode_cuda, whose page table is
+ * in device memory.
+ */
+int kva__decode_args_check(const struct kva_kv_desc *kv, const struct kva_page_table *pt,
+			   const void *q, enum kva_dtype q_dtype, int32_t num_q_heads,
+			   float sm_scale, const void *out, const struct kva_decode_opts *o)
 {
 	int ret;
 
@@ -129,6 +135,14 @@ static int check(const struct kva_kv_desc *kv, const struct kva_page_table *pt, 
 		return bad("page table: negative batch or NULL arrays");
 	if (pt->page_size != kv->page_size)
 		return bad("page table and descriptor disagree on page_size");
+	if (o && (o->threads < 0 || o->threads > 256 || o->split_tokens < 0 || o->max_splits < 0))
+		return bad("options: threads 0..256, split_tokens and max_splits >= 0");
+	return 0;
+}
+
+/* the page table's arrays, which kva_decode can read */
+static int table_check(const struct kva_kv_desc *kv, const struct kva_page_table *pt)
+{
 	if (pt->batch && pt->indptr[0] != 0)
 		return bad("page table: indptr[0] must be 0");
 	for (int32_t b = 0; b < pt->batch; b++) {
@@ -314,10 +328,9 @@ int kva_decode(const struct kva_kv_desc *kv, const struct kva_page_table *pt, co
 	int ret = 0, threads;
 	char *buf;
 
-	if ((ret = check(kv, pt, q, q_dtype, num_q_heads, sm_scale, out)) < 0)
+	if ((ret = kva__decode_args_check(kv, pt, q, q_dtype, num_q_heads, sm_scale, out, &o)) < 0 ||
+	    (ret = table_check(kv, pt)) < 0)
 		return ret;
-	if (o.threads < 0 || o.threads > 256 || o.split_tokens < 0 || o.max_splits < 0)
-		return bad("options: threads 0..256, split_tokens and max_splits >= 0");
 	if (!pt->batch)
 		return 0;
 	p.tile = pick(o.isa, kv->head_dim, &ret);

@@ -2,7 +2,17 @@
 /*
  * isa.c - which vector paths this CPU can run, decided at run time.
  */
+#include <cpuid.h>
+
 #include "kernels_pvt.h"
+
+/* F16C (CPUID.1:ECX bit 29): clang 14's __builtin_cpu_supports does not know it */
+static bool has_f16c(void)
+{
+	unsigned a, b, c, d;
+
+	return __get_cpuid(1, &a, &b, &c, &d) && (c & bit_F16C);
+}
 
 bool kva__isa_supported(enum kva_isa isa)
 {
@@ -10,11 +20,11 @@ bool kva__isa_supported(enum kva_isa isa)
 	case KVA_ISA_SCALAR:
 		return true;
 	case KVA_ISA_AVX2:
-		return __builtin_cpu_supports("avx2") && __builtin_cpu_supports("fma") &&
-		       __builtin_cpu_supports("f16c");
+		return __builtin_cpu_supports("avx2") && __builtin_cpu_supports("fma") && has_f16c();
 	case KVA_ISA_AVX512:
 		return __builtin_cpu_supports("avx512f") && __builtin_cpu_supports("avx512bw") &&
-		       __builtin_cpu_supports("avx512vl") && __builtin_cpu_supports("fma");
+		       __builtin_cpu_supports("avx512vl") && __builtin_cpu_supports("avx512dq") &&
+		       __builtin_cpu_supports("fma") && has_f16c();
 	default:
 		return false;
 	}

@@ -113,6 +113,12 @@ static inline void kva__rows_at(const struct kva__tile *t, int32_t tb, struct kv
 		r->vs[i] = 0.0f; /* p is 0 past the end: so must p * vs be */
 }
 
+/* decode.c: argument checks shared with the CUDA entry points */
+int kva__kv_desc_check(const struct kva_kv_desc *kv);
+int kva__decode_args_check(const struct kva_kv_desc *kv, const struct kva_page_table *pt,
+			   const void *q, enum kva_dtype q_dtype, int32_t num_q_heads,
+			   float sm_scale, const void *out, const struct kva_decode_opts *o);
+
 /* pool.c */
 
 /*

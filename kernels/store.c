@@ -9,8 +9,6 @@
 #include "arena_pvt.h"
 #include "kernels_pvt.h"
 
-int kva__kv_desc_check(const struct kva_kv_desc *kv);
-
 static float load_in(const void *src, enum kva_dtype t, size_t i)
 {
 	switch (t) {
