@@ -7,9 +7,11 @@
  *
  * The KV cache: an arena (kva_arena_create) of one layer, block-major,
  * block_tokens = page_size = 16, per geometry (dtype, head_dim, kv_heads),
- * with as many blocks as its largest batch needs. One worker takes every
- * block; the ids are shuffled and each configuration's sequences take them
- * in that order, so a sequence's pages lie at random places in the arena.
+ * of 2 GiB of data (--arena-mib), or more if its largest batch needs it.
+ * One worker takes every block; the ids are shuffled and each
+ * configuration's sequences take them in that order, so a sequence's pages
+ * lie at random places in the whole arena, as in a serving arena much
+ * larger than one batch.
  * Every block is filled once with random K and V through kva_store_kv (which
  * also picks the int8 scales); fp8 gets one scale per KV head. All sequences
  * of a batch are `context` tokens long. q and out are f32.
@@ -37,6 +39,8 @@
  *   bytes              K, V and scales one call reads: per sequence
  *                      len * kv_heads * head_dim * 2 * elem_bytes, plus
  *                      int8 len * kv_heads * 2 * 4, fp8 kv_heads * 2 * 4
+ *   arena_bytes        the arena's data region, over which the batch's
+ *                      blocks are scattered (--arena-mib)
  *   ms                 median time of one kva_decode call
  *   gbps               bytes / ms, in 1e9 bytes per second
  *   ceiling_gbps       the contiguous read sweep of `bytes` with `threads`
@@ -57,7 +61,8 @@
  *   naive_sampled      the fraction of (sequence, query head) pairs timed
  *   speedup_vs_naive   naive_ms / ms
  *   max_rel_err        max over the sampled pairs of max_d |out - ref| /
- *                      max_d |ref|, kvarena against naive
+ *                      max_d |ref|, kvarena against naive (null if an
+ *                      output was not finite: a failure)
  *   other_cpus         CPUs other processes kept busy while this line was
  *                      measured, on average (/proc/stat less our own time):
  *                      on a shared machine, how far to trust it
@@ -68,6 +73,7 @@
 #include <errno.h>
 #include <getopt.h>
 #include <math.h>
+#include <pthread.h>
 #include <stdarg.h>
 #include <stdio.h>
 #include <stdlib.h>
@@ -91,6 +97,8 @@
 #define NAIVE_ELEMS (1ull << 25)
 #define NAIVE_TRIALS 3u
 #define FILL_TOKENS 64u /* tokens per kva_store_kv call while filling */
+#define FILL_PARTS 4u
+#define DEFAULT_ARENA_MIB 2048u
 
 struct config {
 	enum kva_dtype dtype;
@@ -102,6 +110,7 @@ struct decode_opts {
 	unsigned n;
 	enum kva_isa isa;
 	unsigned trials;
+	uint32_t arena_mib;  /* data region of each arena at least; 0: what the batches need */
 	bool quick;
 };
 
@@ -133,39 +142,78 @@ static float frand(uint64_t *rng)
 	return (float)((double)(bench_rand(rng) >> 11) / (double)(1ull << 53)) * 2.0f - 1.0f;
 }
 
-/* every block's K and V: random values in [-1, 1), through kva_store_kv */
-static int cache_fill(struct kvcache *c, uint64_t *rng)
+/* One filler thread's share: tokens [from, to) of the block order, its own random stream. */
+struct fill_part {
+	const struct kvcache *c;
+	uint64_t from, to, rng;
+	int ret;
+};
+
+/* two values in [-1, 1) from one draw: filling gigabytes, the draws count */
+static void frand2(uint64_t *rng, float *a, float *b)
 {
+	uint64_t x = bench_rand(rng);
+
+	*a = (float)(x >> 40) * (1.0f / (1u << 23)) - 1.0f;
+	*b = (float)((x >> 16) & 0xffffffu) * (1.0f / (1u << 23)) - 1.0f;
+}
+
+static void *fill_part(void *arg)
+{
+	struct fill_part *f = arg;
+	const struct kvcache *c = f->c;
 	const size_t row = (size_t)c->kv.num_kv_heads * (size_t)c->kv.head_dim;
 	float *k = malloc(sizeof(float) * row * FILL_TOKENS);
 	float *v = malloc(sizeof(float) * row * FILL_TOKENS);
 	int64_t slots[FILL_TOKENS];
-	uint64_t tokens = (uint64_t)c->blocks * PAGE_TOKENS;
-	int ret = 0;
 
-	if (!k || !v) {
-		ret = -ENOMEM;
-		goto out;
-	}
-	for (uint64_t t0 = 0; t0 < tokens && ret == 0; t0 += FILL_TOKENS) {
-		uint32_t n = tokens - t0 < FILL_TOKENS ? (uint32_t)(tokens - t0) : FILL_TOKENS;
+	f->ret = k && v ? 0 : -ENOMEM;
+	for (uint64_t t0 = f->from; t0 < f->to && f->ret == 0; t0 += FILL_TOKENS) {
+		uint32_t n = f->to - t0 < FILL_TOKENS ? (uint32_t)(f->to - t0) : FILL_TOKENS;
 
 		for (uint32_t i = 0; i < n; i++) {
 			uint64_t t = t0 + i;
 
 			slots[i] = (int64_t)c->ids[t / PAGE_TOKENS] * PAGE_TOKENS + (int64_t)(t % PAGE_TOKENS);
 		}
-		for (size_t i = 0; i < row * n; i++) {
-			k[i] = frand(rng);
-			v[i] = frand(rng);
-		}
-		ret = kva_store_kv(&c->kv, k, v, KVA_F32, slots, (int32_t)n);
+		for (size_t i = 0; i < row * n; i++)
+			frand2(&f->rng, &k[i], &v[i]);
+		f->ret = kva_store_kv(&c->kv, k, v, KVA_F32, slots, (int32_t)n);
 	}
-	if (ret < 0)
-		fprintf(stderr, "decode: kva_store_kv: %s (%s)\n", strerror(-ret), kva_errmsg());
-out:
 	free(k);
 	free(v);
+	return NULL;
+}
+
+/*
+ * cache_fill - every block's K and V: random values in [-1, 1), through
+ * kva_store_kv, by FILL_PARTS threads on disjoint slots (each part its own
+ * random stream: the same values whatever the number of CPUs).
+ */
+static int cache_fill(struct kvcache *c, uint64_t *rng)
+{
+	struct fill_part part[FILL_PARTS];
+	pthread_t tid[FILL_PARTS];
+	uint64_t tokens = (uint64_t)c->blocks * PAGE_TOKENS;
+	uint64_t runs = (tokens + FILL_TOKENS - 1) / FILL_TOKENS;
+	unsigned started = 0;
+	int ret = 0;
+
+	for (unsigned p = 0; p < FILL_PARTS; p++) {
+		part[p] = (struct fill_part){ .c = c, .rng = bench_rand(rng) | 1,
+					      .from = runs * p / FILL_PARTS * FILL_TOKENS,
+					      .to = runs * (p + 1) / FILL_PARTS * FILL_TOKENS };
+		if (part[p].to > tokens)
+			part[p].to = tokens;
+	}
+	for (; started < FILL_PARTS; started++)
+		if ((ret = -pthread_create(&tid[started], NULL, fill_part, &part[started])) < 0)
+			break;
+	for (unsigned p = 0; p < started; p++) {
+		pthread_join(tid[p], NULL);
+		if (ret == 0)
+			ret = part[p].ret;
+	}
 	return ret;
 }
 
@@ -508,13 +556,15 @@ static void measure_naive(const struct config *c, const struct kvcache *kc, stru
 	for (uint64_t k = 0; k < n; k++) {
 		size_t at = (size_t)sample_pair(k, n, total) * c->head_dim;
 		double dmax = 0.0, rmax = 0.0;
+		bool finite = true;
 
 		for (uint32_t d = 0; d < c->head_dim; d++) {
+			/* fmax() drops a NaN: a NaN anywhere must fail, so test it first */
+			finite = finite && isfinite(b->out[at + d]) && isfinite(b->ref[at + d]);
 			dmax = fmax(dmax, fabs((double)b->out[at + d] - b->ref[at + d]));
 			rmax = fmax(rmax, fabs((double)b->ref[at + d]));
 		}
-		/* NaN anywhere must fail, not compare false and pass */
-		if (!isfinite(dmax) || !isfinite(rmax))
+		if (!finite)
 			err = INFINITY;
 		else
 			err = fmax(err, rmax > 0.0 ? dmax / rmax : dmax);
@@ -594,7 +644,8 @@ static uint64_t llc_bytes(void)
 }
 
 static int print_line(const struct config *c, const struct batch *b, const struct figures *f,
-		      enum kva_isa isa, const struct bench_readbw *rb, uint64_t llc, unsigned trials)
+		      enum kva_isa isa, const struct bench_readbw *rb, uint64_t llc, unsigned trials,
+		      uint64_t arena_bytes)
 {
 	struct bench_line l;
 
@@ -610,6 +661,7 @@ static int print_line(const struct config *c, const struct batch *b, const struc
 	bench_line_str(&l, "isa", kva_isa_name(isa_used(isa, c->head_dim)));
 	bench_line_str(&l, "q_dtype", "f32");
 	bench_line_num(&l, "bytes", (double)b->bytes, 0);
+	bench_line_num(&l, "arena_bytes", (double)arena_bytes, 0);
 	bench_line_num(&l, "ms", f->ms, 4);
 	bench_line_num(&l, "gbps", f->gbps, 2);
 	bench_line_num(&l, "ceiling_gbps", f->ceiling_gbps, 2);
@@ -641,19 +693,45 @@ static bool same_geometry(const struct config *a, const struct config *b)
 	return a->dtype == b->dtype && a->head_dim == b->head_dim && a->kv_heads == b->kv_heads;
 }
 
+/* bytes of one block of @g's geometry, in an arena of one layer */
+static uint64_t block_bytes(const struct config *g)
+{
+	struct kva_geometry geo = {
+		.block_tokens = PAGE_TOKENS, .layers = 1, .kv_heads = g->kv_heads,
+		.head_dim = g->head_dim, .dtype = g->dtype, .layout = KVA_LAYOUT_BLOCK_MAJOR,
+	};
+	struct kva_block_layout l;
+
+	return kva_geometry_layout(&geo, 1, &l) == 0 ? l.block_stride : 0;
+}
+
+/*
+ * The arena of @g's geometry: the blocks its largest batch needs, and at
+ * least o->arena_mib of them. A fixed size, not the largest batch of the
+ * run, so that a configuration measures the same alone as in the full run:
+ * how far apart its pages lie (TLB misses: the arena is on 4 KiB pages
+ * unless the system has a hugetlb pool) depends on the arena's size.
+ */
+static uint32_t arena_blocks(const struct decode_opts *o, const struct config *g)
+{
+	uint64_t bb = block_bytes(g), blocks = bb ? ((uint64_t)o->arena_mib << 20) / bb : 0;
+
+	for (unsigned i = 0; i < o->n; i++)
+		if (same_geometry(&o->configs[i], g) &&
+		    (uint64_t)o->configs[i].batch * pages_of(o->configs[i].context) > blocks)
+			blocks = (uint64_t)o->configs[i].batch * pages_of(o->configs[i].context);
+	return blocks > KVA_MAX_BLOCKS ? KVA_MAX_BLOCKS : (uint32_t)blocks;
+}
+
 /* every configuration of @g's geometry, on one cache */
 static int run_geometry(const struct decode_opts *o, const struct config *g,
 			struct bench_readbw *rb, uint64_t llc, uint64_t *rng, bool *wrong)
 {
 	struct kvcache kc;
-	uint32_t blocks = 0;
+	uint32_t blocks = arena_blocks(o, g);
 	uint64_t t0 = bench_now_ns();
 	int ret;
 
-	for (unsigned i = 0; i < o->n; i++)
-		if (same_geometry(&o->configs[i], g) &&
-		    o->configs[i].batch * pages_of(o->configs[i].context) > blocks)
-			blocks = o->configs[i].batch * pages_of(o->configs[i].context);
 	if ((ret = cache_make(g, blocks, rng, &kc)) < 0)
 		return ret;
 	fprintf(stderr, "decode: %s, head_dim %u, %u KV heads: %u blocks (%.0f MiB) filled in "
@@ -671,7 +749,8 @@ static int run_geometry(const struct decode_opts *o, const struct config *g,
 			break;
 		ret = measure(c, &kc, &b, rb, o, &f);
 		if (ret == 0)
-			ret = print_line(c, &b, &f, o->isa, rb, llc, o->trials);
+			ret = print_line(c, &b, &f, o->isa, rb, llc, o->trials,
+					 kva_arena_info(kc.arena)->layout.data_bytes);
 		if (ret == 0) {
 			fprintf(stderr, "decode: %-8s hd %3u b %2u ctx %5u g %u t %u: %9.3f ms "
 				"%6.2f GB/s of %6.2f (%.2f)  naive x%.0f  err %.1e  others %.2f%s\n",
@@ -752,11 +831,13 @@ static void usage(FILE *f)
 		"  --kv-heads LIST   1..64\n"
 		"  --isa NAME        auto (default), scalar, avx2, avx512\n"
 		"  --trials N        trials per median, 1..%u (default 7)\n"
+		"  --arena-mib N     each arena's data at least N MiB (default %u; 0: what\n"
+		"                    the batches need); a batch's blocks are scattered over it\n"
 		"  --quick           one small configuration (f16, batch 2, context 200,\n"
-		"                    group 4, threads 2, head_dim 64, 2 KV heads), 2 trials;\n"
-		"                    the options above change it\n"
+		"                    group 4, threads 2, head_dim 64, 2 KV heads), 2 trials,\n"
+		"                    --arena-mib 0; the options above change it\n"
 		"  --help            this text\n",
-		MAX_THREADS, BENCH_MAX_TRIALS);
+		MAX_THREADS, BENCH_MAX_TRIALS, DEFAULT_ARENA_MIB);
 }
 
 static int usage_error(const char *fmt, ...) __attribute__((format(printf, 1, 2)));
@@ -879,6 +960,7 @@ static int parse(int argc, char **argv, struct decode_opts *o)
 		{ "kv-heads", required_argument, NULL, 'H' },
 		{ "isa", required_argument, NULL, 'i' },
 		{ "trials", required_argument, NULL, 'T' },
+		{ "arena-mib", required_argument, NULL, 'A' },
 		{ "quick", no_argument, NULL, 'q' },
 		{ "help", no_argument, NULL, 'h' },
 		{ NULL, 0, NULL, 0 },
@@ -903,7 +985,8 @@ static int parse(int argc, char **argv, struct decode_opts *o)
 	};
 	bool given[DIMS] = { false };
 	bool any = false;
-	uint32_t trials = 0;
+	uint32_t trials = 0, arena_mib = DEFAULT_ARENA_MIB;
+	bool arena_given = false;
 	enum dim d = DTYPE;
 	int c, ret = 0;
 
@@ -949,6 +1032,11 @@ static int parse(int argc, char **argv, struct decode_opts *o)
 			if (bench_parse_u32(optarg, 1, BENCH_MAX_TRIALS, &trials) < 0)
 				return usage_error("--trials '%s': 1 to %u", optarg, BENCH_MAX_TRIALS);
 			continue;
+		case 'A':
+			if (bench_parse_u32(optarg, 0, 1u << 20, &arena_mib) < 0)
+				return usage_error("--arena-mib '%s': 0 to 1048576", optarg);
+			arena_given = true;
+			continue;
 		case 'q':
 			o->quick = true;
 			continue;
@@ -970,6 +1058,7 @@ static int parse(int argc, char **argv, struct decode_opts *o)
 			if (!given[d])
 				l[d] = quick[d];
 	o->trials = trials ? trials : o->quick ? 2 : 7;
+	o->arena_mib = arena_given || !o->quick ? arena_mib : 0;
 	o->configs = malloc(sizeof(*o->configs) * MAX_CONFIGS);
 	if (!o->configs)
 		return -ENOMEM;
@@ -981,20 +1070,26 @@ static int parse(int argc, char **argv, struct decode_opts *o)
 	return 0;
 }
 
-/* the arena and the read buffer of the largest configuration must fit in memory */
+/*
+ * check_memory - the largest arena (one is mapped at a time) and the read
+ * buffer (as large as the largest batch's bytes, mapped for the whole run)
+ * must fit in this machine's memory, with room to spare.
+ */
 static int check_memory(const struct decode_opts *o)
 {
 	double phys = (double)sysconf(_SC_PHYS_PAGES) * (double)sysconf(_SC_PAGESIZE);
+	double arena = 0, buffer = 0;
 
 	for (unsigned i = 0; i < o->n; i++) {
 		const struct config *c = &o->configs[i];
-		double need = 2.2 * (double)bytes_read(c);
 
-		if (phys > 0 && need > 0.8 * phys)
-			return usage_error("%s, batch %u, context %u needs about %.1f GiB, more than "
-					   "this machine should give", kva_dtype_name(c->dtype),
-					   c->batch, c->context, need / (1 << 30));
+		arena = fmax(arena, (double)arena_blocks(o, c) * (double)block_bytes(c));
+		buffer = fmax(buffer, (double)bytes_read(c));
 	}
+	if (phys > 0 && arena + buffer > 0.8 * phys)
+		return usage_error("the largest arena (%.1f GiB) and read buffer (%.1f GiB) need "
+				   "more memory than this machine should give", arena / (1 << 30),
+				   buffer / (1 << 30));
 	return 0;
 }
 
