@@ -39,7 +39,7 @@ __attribute__((target("avx512f"))) static uint64_t sum_avx512(const char *p, siz
 {
 	__m512i a0 = _mm512_setzero_si512(), a1 = a0, a2 = a0, a3 = a0, a4 = a0, a5 = a0,
 		a6 = a0, a7 = a0;
-	uint64_t tail = 0;
+	uint64_t lanes[8], tail = 0;
 
 	for (; len >= 512; p += 512, len -= 512) {
 		a0 = _mm512_add_epi64(a0, _mm512_loadu_si512((const void *)(p + 0)));
@@ -55,7 +55,11 @@ __attribute__((target("avx512f"))) static uint64_t sum_avx512(const char *p, siz
 		tail += (unsigned char)*p;
 	a0 = _mm512_add_epi64(_mm512_add_epi64(_mm512_add_epi64(a0, a1), _mm512_add_epi64(a2, a3)),
 			      _mm512_add_epi64(_mm512_add_epi64(a4, a5), _mm512_add_epi64(a6, a7)));
-	return (uint64_t)_mm512_reduce_add_epi64(a0) + tail;
+	/* Not _mm512_reduce_add_epi64: its lanes are signed, and the sum is
+	 * meant to wrap. */
+	_mm512_storeu_si512((void *)lanes, a0);
+	return lanes[0] + lanes[1] + lanes[2] + lanes[3] + lanes[4] + lanes[5] + lanes[6] +
+	       lanes[7] + tail;
 }
 
 __attribute__((target("avx2"))) static uint64_t sum_avx2(const char *p, size_t len)
