@@ -3,15 +3,28 @@
  * isa.c - which vector paths this CPU can run, decided at run time.
  */
 #include <cpuid.h>
+#include <stdatomic.h>
 
 #include "kernels_pvt.h"
 
-/* F16C (CPUID.1:ECX bit 29): clang 14's __builtin_cpu_supports does not know it */
+/*
+ * F16C (CPUID.1:ECX bit 29): clang 14's __builtin_cpu_supports does not know
+ * it. Asked once: CPUID traps to the hypervisor in a virtual machine, a few
+ * microseconds that a short decode call would pay every time. Racing first
+ * callers all store the same answer (relaxed: nothing else hangs on it).
+ */
 static bool has_f16c(void)
 {
-	unsigned a, b, c, d;
+	static _Atomic int known; /* 0 unknown, 1 no, 2 yes */
+	int v = atomic_load_explicit(&known, memory_order_relaxed);
 
-	return __get_cpuid(1, &a, &b, &c, &d) && (c & bit_F16C);
+	if (v == 0) {
+		unsigned a, b, c, d;
+
+		v = __get_cpuid(1, &a, &b, &c, &d) && (c & bit_F16C) ? 2 : 1;
+		atomic_store_explicit(&known, v, memory_order_relaxed);
+	}
+	return v == 2;
 }
 
 bool kva__isa_supported(enum kva_isa isa)
