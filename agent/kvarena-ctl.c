@@ -209,6 +209,7 @@ static int cmd_map(struct ctl *c)
 	legend = json_object_new_object();
 	add_str(legend, ".", "free");
 	add_str(legend, "#", "shared");
+	add_str(legend, "+", "cached prefix (published, no holder)");
 	add_str(legend, "!", "corrupt or stale");
 	for (uint32_t s = 0; s < st.max_workers; s++) {
 		char key[2] = { kva_slot_char(s), 0 }, text[64];

@@ -134,7 +134,7 @@ int kva_alloc_slow(struct kva_worker *w, uint32_t n, uint32_t *ids)
 	if ((ret = check_taking(w)) < 0)
 		return ret;
 	if (n == 1 && !w->c.cap) { /* uncached: one claim, nothing to publish */
-		if (!kva__pool_claim_one(w, ids)) {
+		if (!kva__pool_claim_one(w, ids) && !kva__evict(w, 1, ids)) {
 			set_pressure(w, true);
 			return kva__err(-ENOSPC, "alloc of 1 block: none free outside worker "
 					"caches");
@@ -153,6 +153,8 @@ int kva_alloc_slow(struct kva_worker *w, uint32_t n, uint32_t *ids)
 		memcpy(ids, w->c.ids, from_cache * sizeof(*ids));
 	need = n - from_cache;
 	got = need ? kva__pool_claim(w, need, ids + from_cache) : 0;
+	if (got < need) /* nothing free: take cached prefix blocks */
+		got += kva__evict(w, need - got, ids + from_cache + got);
 	if (got < need) {
 		/* all or nothing; and our own cache goes back too, so that our
 		 * failure does not keep free blocks from the others */
@@ -178,7 +180,8 @@ int kva_alloc(struct kva_worker *w, uint32_t n, uint32_t *ids)
 /*
  * drop_holder - remove this worker from a shared block's holders. The last
  * holder takes the block back as its own (one CAS: SHARED{us} -> OWNED by us)
- * and frees it. release: our reads of the block come before anyone reuses
+ * and frees it; a published block becomes CACHED instead (same CAS), for a
+ * later match or an evictor. release: our reads of the block come before anyone reuses
  * it; acquire: so do the other holders', when we are the one to free it.
  */
 static void drop_holder(struct kva_worker *w, uint32_t id)
@@ -190,12 +193,16 @@ static void drop_holder(struct kva_worker *w, uint32_t id)
 			     !(kva__d_payload(d) & w->holder_bit)))
 			return; /* not ours any more: our slot was reclaimed */
 		rest = kva__d_payload(d) & ~w->holder_bit;
-		nd = rest ? kva__d_make(KVA__D_SHARED, kva__d_epoch(d), rest)
-			  : kva__d_make(KVA__D_OWNED, kva__d_epoch(d), w->owner_payload);
+		if (rest)
+			nd = (d & ~KVA__D_PAYLOAD_MASK) | rest;
+		else if (d & KVA__D_PUB) /* published: stays, cached, until evicted */
+			nd = kva__d_make(KVA__D_CACHED, kva__d_epoch(d), 0) | (d & KVA__D_REF);
+		else
+			nd = kva__d_make(KVA__D_OWNED, kva__d_epoch(d), w->owner_payload);
 	} while (!atomic_compare_exchange_weak_explicit(&w->desc[id], &d, nd,
 							memory_order_acq_rel,
 							memory_order_relaxed));
-	if (!rest) {
+	if (!rest && kva__d_kind(nd) == KVA__D_OWNED) {
 		KVA__CRASH_POINT(KVA__CP_DROP_LAST);
 		put_block(w, id);
 	}

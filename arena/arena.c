@@ -111,6 +111,9 @@ int kva_arena_create(const struct kva_geometry *g, const struct kva_arena_opts *
 	h.l1_off = m.l1_off;
 	h.l0_words = m.l0_words;
 	h.l1_words = m.l1_words;
+	h.idx_off = m.idx_off;
+	h.idx_entries = m.idx_entries;
+	h.bmeta_off = m.bmeta_off;
 	snprintf(h.name, sizeof(h.name), "%s", o->name ? o->name : "kvarena");
 
 	ret = kva__region_create("kvarena-meta", m.meta_bytes, false, &meta_fd, &meta_size);
@@ -239,6 +242,9 @@ int kva_arena_open_flags(int meta_fd, int data_fd, unsigned flags, struct kva_ar
 	a->desc = (_Atomic uint64_t *)(a->meta + a->hdr.desc_off);
 	a->l0 = (_Atomic uint64_t *)(a->meta + a->hdr.l0_off);
 	a->l1 = (_Atomic uint64_t *)(a->meta + a->hdr.l1_off);
+	a->idx = (struct kva__pentry *)(a->meta + a->hdr.idx_off);
+	a->bmeta = (struct kva__bmeta *)(a->meta + a->hdr.bmeta_off);
+	a->idx_mask = a->hdr.idx_entries - 1;
 
 	a->info.geometry = (struct kva_geometry){
 		.block_tokens = a->hdr.block_tokens, .layers = a->hdr.layers,
@@ -252,7 +258,7 @@ int kva_arena_open_flags(int meta_fd, int data_fd, unsigned flags, struct kva_ar
 	a->info.hugetlb = !!(a->hdr.flags & KVA__HDR_HUGETLB);
 	a->info.numa_node = a->hdr.numa_node;
 	a->info.meta_bytes = a->hdr.meta_bytes;
-	a->info.alloc_meta_bytes = a->hdr.meta_bytes - a->hdr.desc_off;
+	a->info.alloc_meta_bytes = a->hdr.idx_off - a->hdr.desc_off;
 	memcpy(a->info.name, a->hdr.name, sizeof(a->info.name));
 	*out = a;
 	return 0;

@@ -11,12 +11,16 @@
  *   desc_off    descriptors   blocks x 64-bit word: the truth of every block
  *   l0_off      free hints    one bit per block: "this block may be free"
  *   l1_off      summary       one bit per l0 word: "that word may have bits"
+ *   idx_off     prefix index  idx_entries x struct kva__pentry (prefix.c)
+ *   bmeta_off   block meta    blocks x struct kva__bmeta: eviction hints and
+ *                             where the block's index entry is (evict.c)
  *
  * l0 and l1 are written by every worker (a claim clears, a free sets) and by
  * reclaimers, and read by claimers; a writer that dies half-way leaves at
  * worst a free block whose bit is clear, which reclaim sets again (pool.c).
  *
- * That is 8 + 1/8 + 1/4096 bytes of allocator state per block.
+ * That is 8 + 1/8 + 1/4096 bytes of allocator state per block, and 16 of block
+ * meta plus 64 to 128 of index (two to four entries a block) for prefixes.
  */
 #ifndef KVA_ARENA_PVT_H
 #define KVA_ARENA_PVT_H
@@ -28,12 +32,13 @@
 #include <sys/types.h>
 
 #include "kvarena.h"
+#include "kvarena_seq.h"
 
 #define likely(x) __builtin_expect(!!(x), 1)
 #define unlikely(x) __builtin_expect(!!(x), 0)
 
 #define KVA__MAGIC 0x31414e455241564bull /* "KVARENA1" read as a little-endian word */
-#define KVA__ABI_VERSION 1u
+#define KVA__ABI_VERSION 2u
 #define KVA__HEADER_BYTES 4096u
 #define KVA__HDR_HUGETLB 0x1u
 #define KVA__CACHE_MAX 65536u
@@ -58,6 +63,7 @@ struct kva__header {
 	uint64_t block_bytes, block_stride, page_bytes, data_bytes;
 	uint64_t meta_bytes, pool_off, slots_off, desc_off, l0_off, l1_off;
 	uint64_t l0_words, l1_words;
+	uint64_t idx_off, idx_entries, bmeta_off;
 	char name[32];
 	uint64_t checksum;      /* XXH64 of every byte above, seed KVA__HDR_SEED */
 };
@@ -84,6 +90,19 @@ struct kva__pool {
 	 */
 	_Atomic uint32_t agent_state;
 	_Atomic int32_t agent_pid;
+	/* Eviction (evict.c): the policy (written by the creator, read on slow
+	 * paths), the clock hand (fetch_add by evictors), the logical clock
+	 * (fetch_add once per sequence opened). All relaxed: hints, none of
+	 * them orders a block's data. */
+	alignas(64) _Atomic uint32_t policy;
+	alignas(64) _Atomic uint32_t hand;
+	alignas(64) _Atomic uint64_t tick;
+	/* Quotas (kva_arena_set_quotas), read on reserve. */
+	alignas(64) _Atomic uint32_t quota_kind[KVA_OWNER_KINDS];
+	_Atomic uint32_t quota_tenant[KVA_MAX_TENANT_QUOTAS][2]; /* tenant, blocks */
+	/* The counters of slots gone (left or reclaimed), added by whoever
+	 * took the slot back, so that totals survive their workers. */
+	alignas(64) _Atomic uint64_t gone[8];
 };
 
 /*
@@ -103,9 +122,22 @@ struct kva__slot {
 	_Atomic uint64_t name[4];            /* 31 bytes and a NUL */
 	alignas(64) _Atomic uint64_t cached;
 	_Atomic uint64_t shares, refills, flushes;
+	/* Sequences (seq.c), written by the slot's worker alone (relaxed),
+	 * summed by readers: counters (KVA__SC_*), blocks held by sequences by
+	 * owner kind and by tenant quota entry, and a count of index insertions
+	 * in flight (nonzero at death: reclaim looks for its BUSY entries). */
+	alignas(64) _Atomic uint64_t sc[8];
+	_Atomic uint32_t kind_blocks[KVA_OWNER_KINDS];
+	_Atomic uint32_t open_seqs;
+	_Atomic uint32_t inserting;
+	_Atomic uint32_t tenant_blocks[KVA_MAX_TENANT_QUOTAS];
 };
 
-_Static_assert(sizeof(struct kva__slot) == 128, "one slot is two cache lines");
+/* slot counters; the same indices in kva__pool.gone */
+enum { KVA__SC_HITS, KVA__SC_MISSES, KVA__SC_PUBLISHED, KVA__SC_DUPLICATES,
+       KVA__SC_EVICTIONS, KVA__SC_STALE, KVA__SC_INDEX_FULL, KVA__SC_N };
+
+_Static_assert(sizeof(struct kva__slot) == 384, "one slot is six cache lines");
 
 /* Slot state word: kind (2 bits) | generation (24 bits) | pid (32 bits). */
 #define KVA__S_KIND_SHIFT 62
@@ -127,8 +159,10 @@ static inline int32_t kva__slot_pid(uint64_t s) { return (int32_t)(uint32_t)s; }
 /*
  * A block descriptor, one 64-bit word per block:
  *
- *   63..62  kind    FREE, OWNED (one worker, its cache included) or SHARED
- *   61..60  flags   zero (kept for the prefix index)
+ *   63..62  kind    FREE, OWNED (one worker, its cache included), SHARED or
+ *                   CACHED (published, no holder: evictable)
+ *   61..60  flags   PUB: a SHARED block the prefix index may name (always
+ *                   with CACHED); REF: used since the clock hand last passed
  *   59..48  epoch   bumped each time the block becomes free: a CAS that
  *                   expected the block's previous life fails
  *   47..0   payload FREE: 0; OWNED: slot (bits 0..7) | slot generation
@@ -141,6 +175,8 @@ static inline int32_t kva__slot_pid(uint64_t s) { return (int32_t)(uint32_t)s; }
  * holder, by a worker joining the holders, and by a reclaimer. A crash
  * between two of these steps leaves every word at one of its states: the
  * claim of a block and the record of its owner are the same instruction.
+ * A CACHED word is changed by CAS by a matcher (-> SHARED|PUB, holding it) or
+ * an evictor (-> OWNED by it, epoch bumped): whichever CAS lands first.
  */
 #define KVA__D_KIND_SHIFT 62
 #define KVA__D_EPOCH_SHIFT 48
@@ -150,6 +186,9 @@ static inline int32_t kva__slot_pid(uint64_t s) { return (int32_t)(uint32_t)s; }
 #define KVA__D_FREE 0u
 #define KVA__D_OWNED 1u
 #define KVA__D_SHARED 2u
+#define KVA__D_CACHED 3u
+#define KVA__D_PUB (1ull << 60)
+#define KVA__D_REF (1ull << 61)
 
 static inline uint32_t kva__d_kind(uint64_t d) { return (uint32_t)(d >> KVA__D_KIND_SHIFT); }
 static inline uint64_t kva__d_epoch(uint64_t d)
@@ -177,6 +216,53 @@ static inline uint64_t kva__d_next_free(uint64_t d)
 	return kva__d_make(KVA__D_FREE, kva__d_epoch(d) + 1, 0);
 }
 
+/*
+ * A prefix index entry (prefix.c). ctrl is the entry's state and the only word
+ * whose value orders the others:
+ *
+ *   63..62  state   EMPTY (the whole word 0, never again once used), BUSY
+ *                   (being written by slot `block`), VALID, TOMB (deleted)
+ *   61..48  tag     14 bits of the key: a cheap first compare, and how an
+ *                   inserter recognises a BUSY entry for its own key
+ *   47..36  epoch   the block's descriptor epoch when published
+ *   31..0   block   VALID: the block id; BUSY: the inserting slot
+ *
+ * key is written between BUSY and VALID (release); a reader that saw VALID
+ * reads key, then ctrl again, and trusts the key only if ctrl did not move.
+ */
+struct kva__pentry {
+	_Atomic uint64_t ctrl;
+	_Atomic uint64_t key[2];
+	_Atomic uint64_t info; /* parent block + 1 (0: root) | depth << 32: hints */
+};
+
+#define KVA__P_EMPTY 0u
+#define KVA__P_BUSY 1u
+#define KVA__P_VALID 2u
+#define KVA__P_TOMB 3u
+#define KVA__P_MAX_PROBE 128u
+
+static inline uint32_t kva__p_state(uint64_t c) { return (uint32_t)(c >> 62); }
+static inline uint32_t kva__p_tag(uint64_t c) { return (uint32_t)((c >> 48) & 0x3fff); }
+static inline uint64_t kva__p_epoch(uint64_t c) { return (c >> 36) & KVA__D_EPOCH_MASK; }
+static inline uint32_t kva__p_block(uint64_t c) { return (uint32_t)c; }
+static inline uint64_t kva__p_make(uint32_t state, uint32_t tag, uint64_t epoch, uint32_t block)
+{
+	return ((uint64_t)state << 62) | ((uint64_t)(tag & 0x3fff) << 48) |
+	       ((epoch & KVA__D_EPOCH_MASK) << 36) | block;
+}
+
+/*
+ * Per-block meta (evict.c), advisory: written with relaxed stores by whoever
+ * touches the block, read by evictors to rank candidates; a torn or stale
+ * value costs a worse choice, never a wrong one. entry: the index position
+ * + 1 of the block's entry (0: none), written by its publisher.
+ */
+struct kva__bmeta {
+	_Atomic uint64_t hint;
+	_Atomic uint64_t entry;
+};
+
 /* An arena mapping in this process. Everything here is private memory. */
 struct kva_arena {
 	struct kva__header hdr;      /* validated private copy */
@@ -191,6 +277,9 @@ struct kva_arena {
 	_Atomic uint64_t *desc;
 	_Atomic uint64_t *l0;
 	_Atomic uint64_t *l1;
+	struct kva__pentry *idx;
+	struct kva__bmeta *bmeta;
+	uint64_t idx_mask;           /* idx_entries - 1 */
 	uint32_t blocks, l0_words, l1_words, max_workers;
 };
 
@@ -254,7 +343,8 @@ void kva__crash_arm(enum kva__crash_point p, uint32_t nth);
 
 /* meta.c: the region layout and the header */
 struct kva__meta_layout {
-	uint64_t pool_off, slots_off, desc_off, l0_off, l1_off, meta_bytes;
+	uint64_t pool_off, slots_off, desc_off, l0_off, l1_off, idx_off, bmeta_off, meta_bytes;
+	uint64_t idx_entries;
 	uint32_t l0_words, l1_words;
 };
 void kva__meta_layout(uint32_t blocks, uint32_t max_workers, struct kva__meta_layout *m);
@@ -291,6 +381,27 @@ int kva__cache_resize(struct kva_worker *w, uint32_t cap);
 
 /* worker.c */
 void kva__slot_name(struct kva__slot *s, char out[32]);
+void kva__slot_retire_counters(struct kva_arena *a, struct kva__slot *s);
+
+/* prefix.c */
+struct kva__found {
+	uint64_t pos;     /* entry index */
+	uint64_t ctrl;    /* its VALID word */
+};
+bool kva__index_lookup(struct kva_arena *a, const uint64_t key[2], struct kva__found *f,
+		       uint64_t *stale);
+int kva__index_insert(struct kva_worker *w, const uint64_t key[2], uint32_t block,
+		      uint64_t epoch, uint64_t info, uint64_t *pos);
+bool kva__index_remove(struct kva_arena *a, uint64_t pos, uint32_t block, uint64_t epoch);
+void kva__index_reclaim_busy(struct kva_arena *a, uint32_t slot);
+
+/* evict.c */
+uint32_t kva__evict(struct kva_worker *w, uint32_t want, uint32_t *ids);
+uint64_t kva__hint_make(uint64_t tick, uint32_t depth, uint32_t hits);
+void kva__hint_touch(struct kva_arena *a, uint32_t id, uint64_t tick, bool hit);
+void kva__hint_publish(struct kva_arena *a, uint32_t id, uint64_t tick, uint32_t depth,
+		       uint64_t pos);
+
 
 /* A slot whose worker may hold blocks. */
 static inline bool kva__slot_joined(uint64_t state)

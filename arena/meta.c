@@ -35,6 +35,15 @@ void kva__meta_layout(uint32_t blocks, uint32_t max_workers, struct kva__meta_la
 	off += (uint64_t)m->l0_words * sizeof(uint64_t);
 	m->l1_off = off = align_up(off, 64);
 	off += (uint64_t)m->l1_words * sizeof(uint64_t);
+	/* the prefix index: at least two entries a block, so that with every
+	 * block published the load stays at or below one half */
+	m->idx_entries = 64;
+	while (m->idx_entries < 2ull * blocks)
+		m->idx_entries <<= 1;
+	m->idx_off = off = align_up(off, 64);
+	off += m->idx_entries * sizeof(struct kva__pentry);
+	m->bmeta_off = off = align_up(off, 64);
+	off += (uint64_t)blocks * sizeof(struct kva__bmeta);
 	m->meta_bytes = align_up(off, 4096);
 }
 
@@ -104,7 +113,8 @@ int kva__header_validate(const struct kva__header *h, uint64_t meta_size, uint64
 	kva__meta_layout(h->blocks, h->max_workers, &m);
 	if (h->meta_bytes != m.meta_bytes || h->pool_off != m.pool_off || h->slots_off != m.slots_off ||
 	    h->desc_off != m.desc_off || h->l0_off != m.l0_off || h->l1_off != m.l1_off ||
-	    h->l0_words != m.l0_words || h->l1_words != m.l1_words)
+	    h->l0_words != m.l0_words || h->l1_words != m.l1_words || h->idx_off != m.idx_off ||
+	    h->idx_entries != m.idx_entries || h->bmeta_off != m.bmeta_off)
 		return BAD("region offsets do not follow from %u blocks and %u workers",
 			   h->blocks, h->max_workers);
 	if (memchr(h->name, '\0', sizeof(h->name)) == NULL)

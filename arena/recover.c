@@ -69,8 +69,12 @@ static int take_slot(struct kva_arena *a, uint32_t slot, uint64_t *word)
 	}
 }
 
-/* Remove @slot's holder bit from a shared block; true if it was the last. */
-static bool drop_dead_holder(struct kva_arena *a, uint32_t id, uint64_t bit, uint64_t d)
+/*
+ * Remove @slot's holder bit from a shared block; true if the block became
+ * free. The last holder of a published block leaves it CACHED instead.
+ */
+static bool drop_dead_holder(struct kva_arena *a, uint32_t id, uint64_t bit, uint64_t d,
+			     struct kva_reclaim_report *r)
 {
 	uint64_t nd, rest;
 
@@ -79,10 +83,17 @@ static bool drop_dead_holder(struct kva_arena *a, uint32_t id, uint64_t bit, uin
 			return false;
 		rest = kva__d_payload(d) & ~bit;
 		/* release: the block becomes free for a claimer (acquire) */
-		nd = rest ? kva__d_make(KVA__D_SHARED, kva__d_epoch(d), rest) : kva__d_next_free(d);
+		if (rest)
+			nd = (d & ~KVA__D_PAYLOAD_MASK) | rest;
+		else if (d & KVA__D_PUB)
+			nd = kva__d_make(KVA__D_CACHED, kva__d_epoch(d), 0) | (d & KVA__D_REF);
+		else
+			nd = kva__d_next_free(d);
 	} while (!atomic_compare_exchange_weak_explicit(&a->desc[id], &d, nd, memory_order_acq_rel,
 							memory_order_relaxed));
-	return !rest;
+	if (!rest && kva__d_kind(nd) == KVA__D_CACHED)
+		r->shared_cached++;
+	return kva__d_kind(nd) == KVA__D_FREE;
 }
 
 /*
@@ -128,7 +139,7 @@ static void sweep(struct kva_arena *a, uint32_t slot, struct kva_reclaim_report 
 
 			r->shared_dropped++;
 			if (drop_dead_holder(a, id, holder,
-					     atomic_load_explicit(&a->desc[id], memory_order_relaxed))) {
+					     atomic_load_explicit(&a->desc[id], memory_order_relaxed), r)) {
 				freed |= held & -held;
 				r->shared_freed++;
 			}
@@ -170,6 +181,10 @@ int kva_arena_reclaim(struct kva_arena *a, uint32_t slot, struct kva_reclaim_rep
 	kva__slot_name(s, r->name);
 
 	sweep(a, slot, r);
+	/* died inside an index insert: its BUSY entries become tombstones */
+	if (atomic_load_explicit(&s->inserting, memory_order_relaxed))
+		kva__index_reclaim_busy(a, slot);
+	kva__slot_retire_counters(a, s);
 
 	atomic_store_explicit(&s->cached, 0, memory_order_relaxed);
 	/* release: the sweep's writes come before the next joiner's acquire */
@@ -190,9 +205,12 @@ struct slots_view {
 static bool check_one(struct kva_arena *a, uint32_t id, uint64_t d, const struct slots_view *v,
 		      struct kva_check_report *r)
 {
-	uint64_t p = kva__d_payload(d);
+	uint64_t p = kva__d_payload(d), flags = d & KVA__D_FLAGS_MASK;
 
-	if (d & KVA__D_FLAGS_MASK) {
+	/* flags: PUB and REF on shared blocks, REF on cached ones, else none */
+	if ((flags && kva__d_kind(d) != KVA__D_SHARED && kva__d_kind(d) != KVA__D_CACHED) ||
+	    (kva__d_kind(d) == KVA__D_CACHED && (flags & KVA__D_PUB)) ||
+	    (kva__d_kind(d) == KVA__D_SHARED && (flags & KVA__D_REF) && !(flags & KVA__D_PUB))) {
 		r->bad_descriptors++;
 		return false;
 	}
@@ -240,6 +258,13 @@ static bool check_one(struct kva_arena *a, uint32_t id, uint64_t d, const struct
 			return false;
 		}
 		return true;
+	case KVA__D_CACHED:
+		r->cached_blocks++;
+		if (p) {
+			r->bad_descriptors++;
+			return false;
+		}
+		return true;
 	default:
 		r->bad_descriptors++;
 		return false;
@@ -274,11 +299,48 @@ int kva_arena_check(struct kva_arena *a, struct kva_check_report *r)
 
 		if (!check_one(a, id, d, &v, r) && r->first_bad_block < 0)
 			r->first_bad_block = id;
+		/* a cached block is findable: its entry names it */
+		if (kva__d_kind(d) == KVA__D_CACHED) {
+			uint64_t pos = atomic_load_explicit(&a->bmeta[id].entry, memory_order_relaxed);
+			uint64_t c = pos && pos - 1 <= a->idx_mask
+					     ? atomic_load_explicit(&a->idx[pos - 1].ctrl,
+								    memory_order_relaxed)
+					     : 0;
+
+			if (kva__p_state(c) != KVA__P_VALID || kva__p_block(c) != id ||
+			    kva__p_epoch(c) != kva__d_epoch(d)) {
+				r->index_bad++;
+				if (r->first_bad_block < 0)
+					r->first_bad_block = id;
+			}
+		}
 	}
-	if (r->bad_descriptors || r->stale_owners || r->dead_holders || r->hints_missing)
+	/* no block both free and indexed: an entry of the block's current life
+	 * names a published block (older lives' entries are stale, harmless) */
+	for (uint64_t pos = 0; pos <= a->idx_mask; pos++) {
+		uint64_t c = atomic_load_explicit(&a->idx[pos].ctrl, memory_order_relaxed), d;
+		uint32_t b = kva__p_block(c);
+
+		if (kva__p_state(c) != KVA__P_VALID)
+			continue;
+		if (b >= a->blocks) {
+			r->index_bad++;
+			continue;
+		}
+		d = atomic_load_explicit(&a->desc[b], memory_order_relaxed);
+		if (kva__d_epoch(d) == kva__p_epoch(c) && kva__d_kind(d) != KVA__D_CACHED &&
+		    !(kva__d_kind(d) == KVA__D_SHARED && (d & KVA__D_PUB))) {
+			r->index_bad++;
+			if (r->first_bad_block < 0)
+				r->first_bad_block = b;
+		}
+	}
+	if (r->bad_descriptors || r->stale_owners || r->dead_holders || r->hints_missing ||
+	    r->index_bad)
 		return kva__err(-EUCLEAN, "check: %u bad descriptors, %u stale owners, %u dead "
-				"holders, %u unfindable free blocks (first at block %lld)",
+				"holders, %u unfindable free blocks, %u bad index entries (first "
+				"at block %lld)",
 				r->bad_descriptors, r->stale_owners, r->dead_holders,
-				r->hints_missing, (long long)r->first_bad_block);
+				r->hints_missing, r->index_bad, (long long)r->first_bad_block);
 	return 0;
 }

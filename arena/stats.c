@@ -58,11 +58,88 @@ int kva_arena_stats(struct kva_arena *a, struct kva_stats *st)
 			for (p &= (1ull << a->max_workers) - 1; p; p &= p - 1)
 				st->slots[__builtin_ctzll(p)].shared++;
 			break;
-		default:
+		case KVA__D_CACHED:
+			st->prefix_cached_blocks++;
 			break;
 		}
 	}
 	st->used_blocks = st->owned_blocks + st->shared_blocks;
+	return 0;
+}
+
+int kva_arena_prefix_stats(struct kva_arena *a, struct kva_prefix_stats *st)
+{
+	uint64_t sc[KVA__SC_N] = { 0 };
+
+	if (!a || !st)
+		return -EINVAL;
+	memset(st, 0, sizeof(*st));
+	st->policy = atomic_load_explicit(&a->pool->policy, memory_order_relaxed) == KVA_EVICT_CLOCK
+			     ? KVA_EVICT_CLOCK
+			     : KVA_EVICT_PREFIX;
+	st->index_entries = a->idx_mask + 1;
+	for (uint64_t pos = 0; pos <= a->idx_mask; pos++) {
+		uint32_t state = kva__p_state(atomic_load_explicit(&a->idx[pos].ctrl,
+								   memory_order_relaxed));
+
+		st->index_valid += state == KVA__P_VALID;
+		st->index_tombstones += state == KVA__P_TOMB;
+	}
+	for (uint32_t id = 0; id < a->blocks; id++) {
+		uint64_t d = atomic_load_explicit(&a->desc[id], memory_order_relaxed);
+
+		st->cached_blocks += kva__d_kind(d) == KVA__D_CACHED;
+		st->published_blocks += kva__d_kind(d) == KVA__D_SHARED && (d & KVA__D_PUB);
+	}
+	for (unsigned i = 0; i < KVA__SC_N; i++)
+		sc[i] = atomic_load_explicit(&a->pool->gone[i], memory_order_relaxed);
+	for (uint32_t s = 0; s < a->max_workers; s++) {
+		struct kva__slot *sl = &a->slots[s];
+
+		for (unsigned i = 0; i < KVA__SC_N; i++)
+			sc[i] += atomic_load_explicit(&sl->sc[i], memory_order_relaxed);
+		st->open_seqs += atomic_load_explicit(&sl->open_seqs, memory_order_relaxed);
+		for (unsigned k = 0; k < KVA_OWNER_KINDS; k++)
+			st->kind_blocks[k] += atomic_load_explicit(&sl->kind_blocks[k],
+								   memory_order_relaxed);
+		for (unsigned t = 0; t < KVA_MAX_TENANT_QUOTAS; t++)
+			st->tenant_blocks[t] += atomic_load_explicit(&sl->tenant_blocks[t],
+								     memory_order_relaxed);
+	}
+	st->hits = sc[KVA__SC_HITS];
+	st->misses = sc[KVA__SC_MISSES];
+	st->published = sc[KVA__SC_PUBLISHED];
+	st->duplicates = sc[KVA__SC_DUPLICATES];
+	st->evictions = sc[KVA__SC_EVICTIONS];
+	st->stale_entries = sc[KVA__SC_STALE];
+	st->index_full = sc[KVA__SC_INDEX_FULL];
+	for (unsigned k = 0; k < KVA_OWNER_KINDS; k++)
+		st->quotas.kind[k] = atomic_load_explicit(&a->pool->quota_kind[k],
+							  memory_order_relaxed);
+	for (unsigned t = 0; t < KVA_MAX_TENANT_QUOTAS; t++) {
+		st->quotas.tenant[t].tenant = atomic_load_explicit(&a->pool->quota_tenant[t][0],
+								   memory_order_relaxed);
+		st->quotas.tenant[t].blocks = atomic_load_explicit(&a->pool->quota_tenant[t][1],
+								   memory_order_relaxed);
+	}
+	return 0;
+}
+
+int kva_arena_seq_stats(struct kva_arena *a, uint32_t slot, struct kva_seq_slot_stats *st)
+{
+	struct kva__slot *sl;
+
+	if (!a || !st || slot >= a->max_workers)
+		return -EINVAL;
+	sl = &a->slots[slot];
+	memset(st, 0, sizeof(*st));
+	st->open_seqs = atomic_load_explicit(&sl->open_seqs, memory_order_relaxed);
+	for (unsigned k = 0; k < KVA_OWNER_KINDS; k++)
+		st->kind_blocks[k] = atomic_load_explicit(&sl->kind_blocks[k], memory_order_relaxed);
+	st->hits = atomic_load_explicit(&sl->sc[KVA__SC_HITS], memory_order_relaxed);
+	st->misses = atomic_load_explicit(&sl->sc[KVA__SC_MISSES], memory_order_relaxed);
+	st->published = atomic_load_explicit(&sl->sc[KVA__SC_PUBLISHED], memory_order_relaxed);
+	st->evictions = atomic_load_explicit(&sl->sc[KVA__SC_EVICTIONS], memory_order_relaxed);
 	return 0;
 }
 
@@ -99,17 +176,20 @@ char kva_slot_char(uint32_t slot)
 }
 
 /* Map classes: one per slot, then these. */
-enum { CLS_FREE = KVA_MAX_WORKERS, CLS_SHARED, CLS_BAD, CLS_N };
+enum { CLS_FREE = KVA_MAX_WORKERS, CLS_SHARED, CLS_CACHED, CLS_BAD, CLS_N };
 
 static unsigned classify(uint64_t d, uint64_t joined, uint32_t max_workers)
 {
 	uint64_t p = kva__d_payload(d);
 
-	if (d & KVA__D_FLAGS_MASK)
+	if ((d & KVA__D_FLAGS_MASK) && kva__d_kind(d) != KVA__D_SHARED &&
+	    kva__d_kind(d) != KVA__D_CACHED)
 		return CLS_BAD;
 	switch (kva__d_kind(d)) {
 	case KVA__D_FREE:
 		return p ? CLS_BAD : CLS_FREE;
+	case KVA__D_CACHED:
+		return p ? CLS_BAD : CLS_CACHED;
 	case KVA__D_OWNED:
 		if (kva__tag_slot(p) >= max_workers || !(joined & (1ull << kva__tag_slot(p))))
 			return CLS_BAD;
@@ -123,7 +203,11 @@ static unsigned classify(uint64_t d, uint64_t joined, uint32_t max_workers)
 
 static char class_char(unsigned c)
 {
-	return c < KVA_MAX_WORKERS ? kva_slot_char(c) : c == CLS_FREE ? '.' : c == CLS_SHARED ? '#' : '!';
+	return c < KVA_MAX_WORKERS ? kva_slot_char(c)
+	       : c == CLS_FREE	   ? '.'
+	       : c == CLS_SHARED   ? '#'
+	       : c == CLS_CACHED   ? '+'
+				   : '!';
 }
 
 int kva_arena_map(struct kva_arena *a, char *buf, size_t len, uint32_t cells)

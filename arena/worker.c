@@ -196,6 +196,27 @@ int kva_worker_adopt(struct kva_arena *a, uint32_t slot, uint32_t gen, const cha
 	return worker_make(a, slot, gen, name, out);
 }
 
+/*
+ * kva__slot_retire_counters - a slot's sequence counters go to the pool's
+ * totals and its usage to zero, by whoever takes the slot back (its leaving
+ * worker, or a reclaimer once it is dead), before the slot is FREE.
+ */
+void kva__slot_retire_counters(struct kva_arena *a, struct kva__slot *s)
+{
+	for (unsigned i = 0; i < KVA__SC_N; i++) {
+		uint64_t v = atomic_exchange_explicit(&s->sc[i], 0, memory_order_relaxed);
+
+		if (v)
+			atomic_fetch_add_explicit(&a->pool->gone[i], v, memory_order_relaxed);
+	}
+	for (unsigned k = 0; k < KVA_OWNER_KINDS; k++)
+		atomic_store_explicit(&s->kind_blocks[k], 0, memory_order_relaxed);
+	for (unsigned t = 0; t < KVA_MAX_TENANT_QUOTAS; t++)
+		atomic_store_explicit(&s->tenant_blocks[t], 0, memory_order_relaxed);
+	atomic_store_explicit(&s->open_seqs, 0, memory_order_relaxed);
+	atomic_store_explicit(&s->inserting, 0, memory_order_relaxed);
+}
+
 void kva_worker_leave(struct kva_worker *w)
 {
 	uint64_t cur;
@@ -204,6 +225,7 @@ void kva_worker_leave(struct kva_worker *w)
 		return;
 	if (kva__worker_check_live(w) == 0) {
 		kva__worker_release_all(w);
+		kva__slot_retire_counters(w->arena, w->slot);
 		/* The slot is free for a new worker with the next generation: no
 		 * tag of ours can be taken for its. release: our last descriptor
 		 * writes come before the next joiner's acquire of the slot. */

@@ -329,6 +329,8 @@ struct kva_stats {
 	uint32_t cached_blocks; /* sum of the workers' published cache sizes */
 	uint32_t workers;       /* slots joined (joining, live or being reclaimed) */
 	uint32_t max_workers;
+	uint32_t prefix_cached_blocks; /* published prefix blocks nobody holds:
+					* evictable, counted in neither free nor used */
 	struct kva_slot_stats slots[KVA_MAX_WORKERS]; /* index = slot */
 };
 
@@ -347,7 +349,7 @@ int kva_arena_stats(struct kva_arena *a, struct kva_stats *st);
 /*
  * kva_arena_map - the block map: one character per block (or, when @cells is
  * smaller than the block count, per run of blocks, showing its most common
- * state), NUL-terminated. '.' free, '#' shared, the slot's character
+ * state), NUL-terminated. '.' free, '#' shared, '+' cached prefix, the slot's character
  * (kva_slot_char) for a block one slot holds, '!' a descriptor naming no live
  * slot or undecodable. @len must be at least cells + 1.
  * Return: the number of cells written, or -EINVAL.
@@ -371,6 +373,8 @@ struct kva_reclaim_report {
 	uint32_t owned_freed;    /* exclusive blocks returned (its cache included) */
 	uint32_t shared_dropped; /* shared blocks it held (however many references) */
 	uint32_t shared_freed;   /* of those, blocks it was the last holder of */
+	uint32_t shared_cached;  /* of those, published blocks it was the last holder
+				  * of: cached now, not freed */
 	uint32_t hints_repaired; /* free blocks made findable again */
 	uint64_t elapsed_ns;
 };
@@ -395,6 +399,9 @@ struct kva_check_report {
 	uint32_t dead_slots;      /* joined slots whose process is gone, not yet reclaimed:
 				   * information, not a breach (reclaim is the fix) */
 	int64_t first_bad_block;  /* -1 if none */
+	uint32_t cached_blocks;   /* published prefix blocks nobody holds (evictable) */
+	uint32_t index_bad;       /* index entries naming a block that is neither
+				   * published nor of another life (see kva_arena_check) */
 };
 
 /*
@@ -547,5 +554,6 @@ const char *kva_errmsg(void);
 #endif
 
 #include "kvarena_kernels.h"
+#include "kvarena_seq.h"
 
 #endif /* KVARENA_H */

@@ -101,7 +101,7 @@ static void test_each_field_is_checked_even_with_a_valid_checksum(void **state)
 #define F(name, v, e, s) { #name, offsetof(struct kva__header, name), \
 			   sizeof(((struct kva__header *)0)->name), v, e, s }
 		F(magic, 0x1234, -EBADMSG, "magic"),
-		F(abi_version, 2, -EPROTONOSUPPORT, "ABI"),
+		F(abi_version, KVA__ABI_VERSION + 1, -EPROTONOSUPPORT, "ABI"),
 		F(header_bytes, 8, -EBADMSG, "header_bytes"),
 		F(block_tokens, 0, -EBADMSG, "block_tokens"),
 		F(block_tokens, 17, -EBADMSG, "block_bytes"),
@@ -132,6 +132,9 @@ static void test_each_field_is_checked_even_with_a_valid_checksum(void **state)
 		F(l1_off, -1, -EBADMSG, "offsets"),
 		F(l0_words, 1, -EBADMSG, "offsets"),
 		F(l1_words, 100, -EBADMSG, "offsets"),
+		F(idx_off, 4096, -EBADMSG, "offsets"),
+		F(idx_entries, 1 << 20, -EBADMSG, "offsets"),
+		F(bmeta_off, 0, -EBADMSG, "offsets"),
 #undef F
 	};
 

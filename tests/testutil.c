@@ -129,6 +129,10 @@ bool tu_views_match(struct kva_arena *a, struct tu_view *const *views, uint32_t 
 			else if (holders[id] != p)
 				bad = &m->refcount;
 			break;
+		case KVA__D_CACHED: /* published, nobody holds it */
+			if (owners[id] || holders[id])
+				bad = &m->lost;
+			break;
 		default:
 			bad = &m->lost;
 		}

@@ -1,0 +1,543 @@
+/* SPDX-License-Identifier: MIT */
+/*
+ * seq.c - sequences: a request's block table, prefix matching and
+ * publication, fork with copy-on-write of the partial block, quotas.
+ *
+ * A sequence lives in its worker's memory; everything it holds it holds
+ * through the worker (held[] references), so a worker killed with open
+ * sequences is reclaimed like any other: its exclusive blocks are freed, its
+ * references dropped, and published blocks it was the last holder of become
+ * cached.
+ *
+ * Publication of a full block we hold exclusively, in this order:
+ *   1. index entry VALID (key -> block, epoch)   a matcher sees the block
+ *                                                OWNED: a miss, no harm
+ *   2. the block's meta: where the entry is
+ *   3. descriptor OWNED -> SHARED|PUB{us}        release: the block's bytes
+ *                                                and 2. before any match
+ * Killed after 1: the block is freed by reclaim (epoch bumped), the entry is
+ * stale and removed by whoever meets it. A match's acquire CAS on the
+ * descriptor reads 3. or a later CAS of the same release sequence, so the
+ * bytes it then reads are the publisher's.
+ */
+#include <errno.h>
+#include <stdlib.h>
+#include <string.h>
+
+#include "arena_pvt.h"
+
+struct kva_seq {
+	struct kva_worker *w;
+	enum kva_owner_kind kind;
+	int tenant_q;              /* index of the tenant's quota entry, -1: none */
+	uint64_t salt[2];
+	size_t max_tokens;         /* 0: none */
+	size_t n_tokens;
+	uint32_t *ids;             /* [n_blocks]: covers n_tokens, then reserved */
+	size_t n_blocks, cap;
+	size_t n_hashed;           /* full blocks whose keys are chained so far */
+	uint64_t key[2];           /* the key of block n_hashed - 1 */
+	bool cow;                  /* the partial block is shared with a fork */
+	int32_t *part;             /* the partial block's tokens: [block_tokens] */
+};
+
+static inline uint32_t btok(const struct kva_seq *s)
+{
+	return s->w->arena->info.geometry.block_tokens;
+}
+
+static void sc_add(struct kva_worker *w, unsigned i, uint64_t v)
+{
+	/* single writer (this worker): a relaxed load and store */
+	atomic_store_explicit(&w->slot->sc[i],
+			      atomic_load_explicit(&w->slot->sc[i], memory_order_relaxed) + v,
+			      memory_order_relaxed);
+}
+
+static void u32_add(_Atomic uint32_t *p, int64_t v)
+{
+	atomic_store_explicit(p, (uint32_t)(atomic_load_explicit(p, memory_order_relaxed) + v),
+			      memory_order_relaxed);
+}
+
+/* usage accounting of @n more (or fewer) blocks held by sequence @s */
+static void usage_add(struct kva_seq *s, int64_t n)
+{
+	u32_add(&s->w->slot->kind_blocks[s->kind], n);
+	if (s->tenant_q >= 0)
+		u32_add(&s->w->slot->tenant_blocks[s->tenant_q], n);
+}
+
+static uint64_t sum_slots_kind(struct kva_arena *a, unsigned kind)
+{
+	uint64_t sum = 0;
+
+	for (uint32_t i = 0; i < a->max_workers; i++)
+		sum += atomic_load_explicit(&a->slots[i].kind_blocks[kind], memory_order_relaxed);
+	return sum;
+}
+
+static uint64_t sum_slots_tenant(struct kva_arena *a, int q)
+{
+	uint64_t sum = 0;
+
+	for (uint32_t i = 0; i < a->max_workers; i++)
+		sum += atomic_load_explicit(&a->slots[i].tenant_blocks[q], memory_order_relaxed);
+	return sum;
+}
+
+static int quota_check(struct kva_seq *s, uint64_t more)
+{
+	struct kva_arena *a = s->w->arena;
+	static const char *const kinds[] = { "inference", "training", "pinned" };
+	uint32_t lim = atomic_load_explicit(&a->pool->quota_kind[s->kind], memory_order_relaxed);
+	uint64_t used;
+
+	if (lim && (used = sum_slots_kind(a, s->kind)) + more > lim)
+		return kva__err(-EDQUOT, "quota: %s sequences hold %llu blocks, %llu more would "
+				"pass their quota of %u", kinds[s->kind],
+				(unsigned long long)used, (unsigned long long)more, lim);
+	if (s->tenant_q >= 0) {
+		lim = atomic_load_explicit(&a->pool->quota_tenant[s->tenant_q][1],
+					   memory_order_relaxed);
+		if (lim && (used = sum_slots_tenant(a, s->tenant_q)) + more > lim)
+			return kva__err(-EDQUOT, "quota: tenant %u holds %llu blocks, %llu more "
+					"would pass its quota of %u",
+					atomic_load_explicit(&a->pool->quota_tenant[s->tenant_q][0],
+							     memory_order_relaxed),
+					(unsigned long long)used, (unsigned long long)more, lim);
+	}
+	return 0;
+}
+
+int kva_arena_set_quotas(struct kva_arena *a, const struct kva_quotas *q)
+{
+	if (!a || !q)
+		return kva__err(-EINVAL, "set quotas: NULL argument");
+	if (a->readonly)
+		return kva__err(-EROFS, "set quotas: this mapping is read-only");
+	for (unsigned i = 0; i < KVA_MAX_TENANT_QUOTAS; i++)
+		for (unsigned j = 0; j < i; j++)
+			if (q->tenant[i].blocks && q->tenant[j].blocks &&
+			    q->tenant[i].tenant == q->tenant[j].tenant)
+				return kva__err(-EINVAL, "set quotas: tenant %u twice",
+						q->tenant[i].tenant);
+	for (unsigned k = 0; k < KVA_OWNER_KINDS; k++)
+		atomic_store_explicit(&a->pool->quota_kind[k], q->kind[k], memory_order_relaxed);
+	for (unsigned i = 0; i < KVA_MAX_TENANT_QUOTAS; i++) {
+		atomic_store_explicit(&a->pool->quota_tenant[i][0], q->tenant[i].tenant,
+				      memory_order_relaxed);
+		atomic_store_explicit(&a->pool->quota_tenant[i][1], q->tenant[i].blocks,
+				      memory_order_relaxed);
+	}
+	return 0;
+}
+
+static int table_room(struct kva_seq *s, size_t n)
+{
+	size_t cap = s->cap ? s->cap : 16;
+	uint32_t *ids;
+
+	if (s->n_blocks + n <= s->cap)
+		return 0;
+	while (cap < s->n_blocks + n)
+		cap *= 2;
+	ids = realloc(s->ids, cap * sizeof(*ids));
+	if (!ids)
+		return kva__err(-ENOMEM, "sequence: a block table of %zu blocks", cap);
+	s->ids = ids;
+	s->cap = cap;
+	return 0;
+}
+
+/* blocks needed to cover @tokens */
+static size_t blocks_for(const struct kva_seq *s, size_t tokens)
+{
+	return (tokens + btok(s) - 1) / btok(s);
+}
+
+static int reserve_blocks(struct kva_seq *s, size_t upto_tokens)
+{
+	size_t need = blocks_for(s, upto_tokens);
+	int ret;
+
+	if (s->max_tokens && upto_tokens > s->max_tokens)
+		return kva__err(-EFBIG, "reserve: %zu tokens, the sequence's maximum is %zu",
+				upto_tokens, s->max_tokens);
+	if (need <= s->n_blocks)
+		return 0;
+	need -= s->n_blocks;
+	if (need > UINT32_MAX)
+		return kva__err(-ENOSPC, "reserve: %zu blocks", need);
+	if ((ret = quota_check(s, need)) < 0 || (ret = table_room(s, need)) < 0)
+		return ret;
+	if ((ret = kva_alloc(s->w, (uint32_t)need, s->ids + s->n_blocks)) < 0)
+		return ret;
+	s->n_blocks += need;
+	usage_add(s, (int64_t)need);
+	return 0;
+}
+
+int kva_seq_open(struct kva_worker *w, const struct kva_seq_opts *o, struct kva_seq **out)
+{
+	struct kva_seq *s;
+	int ret;
+
+	if (!w || !o || !out)
+		return kva__err(-EINVAL, "seq_open: NULL argument");
+	if ((unsigned)o->kind >= KVA_OWNER_KINDS)
+		return kva__err(-EINVAL, "seq_open: owner kind %d", (int)o->kind);
+	if ((ret = kva__worker_check_live(w)) < 0)
+		return ret;
+	s = calloc(1, sizeof(*s));
+	if (!s || !(s->part = malloc(sizeof(int32_t) * w->arena->info.geometry.block_tokens))) {
+		free(s);
+		return kva__err(-ENOMEM, "seq_open: out of memory");
+	}
+	s->w = w;
+	s->kind = o->kind;
+	s->max_tokens = o->max_tokens;
+	s->tenant_q = -1;
+	for (int i = 0; i < KVA_MAX_TENANT_QUOTAS; i++)
+		if (atomic_load_explicit(&w->arena->pool->quota_tenant[i][1], memory_order_relaxed) &&
+		    atomic_load_explicit(&w->arena->pool->quota_tenant[i][0], memory_order_relaxed) ==
+			    o->tenant)
+			s->tenant_q = i;
+	kva_prefix_salt(o->model, o->adapter, o->tenant, s->salt);
+	if (o->kind == KVA_OWNER_TRAINING) {
+		/* a run's blocks are its own: the run id is in the salt */
+		uint64_t run[2] = { o->run_id, 0x7472616e696e67ull };
+
+		kva_prefix_hash(run, s->salt, NULL, 0, s->salt);
+	}
+	u32_add(&w->slot->open_seqs, 1);
+	if (o->reserve_tokens && (ret = reserve_blocks(s, o->reserve_tokens)) < 0) {
+		kva_seq_close(s);
+		return ret;
+	}
+	*out = s;
+	return 0;
+}
+
+/*
+ * join - take a reference to block @b of entry @f, if it is still the block
+ * that entry published. The CAS is the linearization point against an
+ * evictor's (evict.c). acquire: pairs with the publisher's release.
+ */
+static bool join(struct kva_seq *s, const struct kva__found *f)
+{
+	struct kva_worker *w = s->w;
+	struct kva_arena *a = w->arena;
+	uint32_t b = kva__p_block(f->ctrl), held = w->c.held[b];
+	uint64_t d = atomic_load_explicit(&w->desc[b], memory_order_acquire), nd;
+
+	if (held) {
+		/* we hold it already (another sequence of ours): it is shared
+		 * with our bit, nobody can evict it; one more reference */
+		if (held == KVA__HELD_EXCL || held >= KVA__HELD_MAXREF ||
+		    kva__d_kind(d) != KVA__D_SHARED || !(d & KVA__D_PUB) ||
+		    kva__d_epoch(d) != kva__p_epoch(f->ctrl))
+			return false;
+		w->c.held[b] = held + 1;
+	} else {
+		do {
+			if (kva__d_epoch(d) != kva__p_epoch(f->ctrl))
+				return false;
+			if (kva__d_kind(d) == KVA__D_CACHED)
+				nd = kva__d_make(KVA__D_SHARED, kva__d_epoch(d), w->holder_bit) |
+				     KVA__D_PUB | KVA__D_REF;
+			else if (kva__d_kind(d) == KVA__D_SHARED && (d & KVA__D_PUB) &&
+				 !(d & w->holder_bit))
+				nd = d | w->holder_bit | KVA__D_REF;
+			else
+				return false; /* not published yet, or gone */
+		} while (!atomic_compare_exchange_weak_explicit(&w->desc[b], &d, nd,
+								memory_order_acquire,
+								memory_order_acquire));
+		w->c.held[b] = 1;
+	}
+	/* Held now. Is it this entry's block, not a stale entry whose epoch
+	 * came round again? The block's meta names its current entry. */
+	if (atomic_load_explicit(&a->bmeta[b].entry, memory_order_relaxed) != f->pos + 1) {
+		kva_free(w, &b, 1);
+		return false;
+	}
+	return true;
+}
+
+int kva_seq_match(struct kva_seq *s, const int32_t *tokens, size_t n, size_t *matched_tokens)
+{
+	struct kva_worker *w;
+	struct kva_arena *a;
+	uint32_t bt;
+	size_t full, m = 0;
+	uint64_t key[2] = { 0, 0 }, stale = 0, tick;
+	uint32_t *got;
+	int ret;
+
+	if (!s || (n && !tokens) || !matched_tokens)
+		return kva__err(-EINVAL, "seq_match: NULL argument");
+	*matched_tokens = 0;
+	if (s->n_tokens)
+		return kva__err(-EBUSY, "seq_match: the sequence already has %zu tokens",
+				s->n_tokens);
+	w = s->w;
+	a = w->arena;
+	bt = btok(s);
+	full = n / bt;
+	if (s->max_tokens && full * bt > s->max_tokens)
+		full = s->max_tokens / bt;
+	if ((ret = kva__worker_check_live(w)) < 0)
+		return ret;
+	if (!full)
+		return 0;
+	if ((ret = table_room(s, full)) < 0)
+		return ret;
+	got = s->ids + s->n_blocks; /* room past the table; moved to the front below */
+	tick = atomic_load_explicit(&a->pool->tick, memory_order_relaxed);
+	for (; m < full; m++) {
+		struct kva__found f;
+		uint64_t k[2];
+
+		kva_prefix_hash(m ? key : NULL, s->salt, tokens + m * bt, bt, k);
+		if (!kva__index_lookup(a, k, &f, &stale) || !join(s, &f))
+			break;
+		got[m] = kva__p_block(f.ctrl);
+		kva__hint_touch(a, got[m], tick, true);
+		key[0] = k[0];
+		key[1] = k[1];
+	}
+	if (stale)
+		sc_add(w, KVA__SC_STALE, stale);
+	sc_add(w, KVA__SC_HITS, m);
+	sc_add(w, KVA__SC_MISSES, full - m);
+	if (!m)
+		return 0;
+	if ((ret = quota_check(s, m)) < 0) {
+		kva_free(w, got, (uint32_t)m);
+		return ret;
+	}
+	/* matched blocks first, then what was reserved */
+	if (s->n_blocks) {
+		uint32_t *tmp = malloc(m * sizeof(*tmp));
+
+		if (!tmp) {
+			kva_free(w, got, (uint32_t)m);
+			return kva__err(-ENOMEM, "seq_match: out of memory");
+		}
+		memcpy(tmp, got, m * sizeof(*tmp));
+		memmove(s->ids + m, s->ids, s->n_blocks * sizeof(*s->ids));
+		memcpy(s->ids, tmp, m * sizeof(*tmp));
+		free(tmp);
+	}
+	s->n_blocks += m;
+	usage_add(s, (int64_t)m);
+	s->n_tokens = m * bt;
+	s->n_hashed = m;
+	s->key[0] = key[0];
+	s->key[1] = key[1];
+	*matched_tokens = s->n_tokens;
+	return 0;
+}
+
+int kva_seq_reserve(struct kva_seq *s, size_t n_tokens)
+{
+	int ret;
+
+	if (!s)
+		return kva__err(-EINVAL, "seq_reserve: NULL sequence");
+	if ((ret = kva__worker_check_live(s->w)) < 0)
+		return ret;
+	if (n_tokens > SIZE_MAX - s->n_tokens)
+		return kva__err(-EFBIG, "reserve: %zu tokens", n_tokens);
+	return reserve_blocks(s, s->n_tokens + n_tokens);
+}
+
+/* copy one block's bytes, every layer's K, V (and int8 scales) */
+static void block_copy(struct kva_arena *a, uint32_t to, uint32_t from)
+{
+	const struct kva_geometry *g = &a->info.geometry;
+	const struct kva_block_layout *l = &a->info.layout;
+
+	if (l->block_stride) {
+		memcpy(a->data + kva_kv_offset(g, l, a->blocks, to, 0, 0, 0),
+		       a->data + kva_kv_offset(g, l, a->blocks, from, 0, 0, 0), l->block_bytes);
+		return;
+	}
+	for (uint32_t layer = 0; layer < g->layers; layer++)
+		for (int kv = 0; kv < 2; kv++) {
+			memcpy(a->data + kva_kv_offset(g, l, a->blocks, to, layer, kv, 0),
+			       a->data + kva_kv_offset(g, l, a->blocks, from, layer, kv, 0),
+			       l->page_bytes);
+			if (l->scale_bytes)
+				memcpy(a->data + kva_kv_offset(g, l, a->blocks, to, layer, kv, 1),
+				       a->data + kva_kv_offset(g, l, a->blocks, from, layer, kv, 1),
+				       l->scale_bytes);
+		}
+}
+
+/* the partial block is shared with a fork: this side takes a private copy */
+static int unshare_partial(struct kva_seq *s)
+{
+	struct kva_worker *w = s->w;
+	size_t i = s->n_tokens / btok(s);
+	uint32_t fresh, old = s->ids[i];
+	int ret;
+
+	if ((ret = quota_check(s, 1)) < 0)
+		return ret;
+	if ((ret = kva_alloc(w, 1, &fresh)) < 0)
+		return ret;
+	block_copy(w->arena, fresh, old);
+	s->ids[i] = fresh;
+	kva_free(w, &old, 1);
+	s->cow = false;
+	return 0;
+}
+
+/* publish block @i of the sequence, whose key is @key */
+static void publish(struct kva_seq *s, size_t i, const uint64_t key[2])
+{
+	struct kva_worker *w = s->w;
+	struct kva_arena *a = w->arena;
+	uint32_t id = s->ids[i];
+	uint64_t d, pos, info;
+	int ret;
+
+	if (w->c.held[id] != KVA__HELD_EXCL)
+		return; /* a block shared by fork before it was full: stays private */
+	/* ours alone: nobody else writes its descriptor, so it cannot move */
+	d = atomic_load_explicit(&w->desc[id], memory_order_relaxed);
+	info = (i ? (uint64_t)s->ids[i - 1] + 1 : 0) | ((uint64_t)i << 32);
+	ret = kva__index_insert(w, key, id, kva__d_epoch(d), info, &pos);
+	if (ret == -EEXIST) {
+		sc_add(w, KVA__SC_DUPLICATES, 1);
+		return;
+	}
+	if (ret < 0) {
+		sc_add(w, KVA__SC_INDEX_FULL, 1);
+		return;
+	}
+	kva__hint_publish(a, id, atomic_load_explicit(&a->pool->tick, memory_order_relaxed),
+			  (uint32_t)i, pos);
+	/* release: the block's bytes and its meta before any matcher's acquire */
+	atomic_store_explicit(&w->desc[id],
+			      kva__d_make(KVA__D_SHARED, kva__d_epoch(d), w->holder_bit) | KVA__D_PUB,
+			      memory_order_release);
+	w->c.held[id] = 1;
+	sc_add(w, KVA__SC_PUBLISHED, 1);
+}
+
+int kva_seq_append(struct kva_seq *s, const int32_t *tokens, size_t n)
+{
+	uint32_t bt;
+	int ret;
+
+	if (!s || (n && !tokens))
+		return kva__err(-EINVAL, "seq_append: NULL argument");
+	if ((ret = kva__worker_check_live(s->w)) < 0)
+		return ret;
+	if (!n)
+		return 0;
+	if (n > SIZE_MAX - s->n_tokens)
+		return kva__err(-EFBIG, "append: %zu tokens", n);
+	if ((ret = reserve_blocks(s, s->n_tokens + n)) < 0)
+		return ret;
+	bt = btok(s);
+	if (s->cow && s->n_tokens % bt && (ret = unshare_partial(s)) < 0)
+		return ret;
+	s->cow = false;
+	for (size_t k = 0; k < n; k++) {
+		s->part[s->n_tokens % bt] = tokens[k];
+		s->n_tokens++;
+		if (s->n_tokens % bt == 0) {
+			uint64_t key[2];
+
+			kva_prefix_hash(s->n_hashed ? s->key : NULL, s->salt, s->part, bt, key);
+			publish(s, s->n_hashed, key);
+			s->n_hashed++;
+			s->key[0] = key[0];
+			s->key[1] = key[1];
+		}
+	}
+	return 0;
+}
+
+int kva_seq_fork(struct kva_seq *s, struct kva_seq **child)
+{
+	struct kva_seq *c;
+	size_t used;
+	int ret;
+
+	if (!s || !child)
+		return kva__err(-EINVAL, "seq_fork: NULL argument");
+	if ((ret = kva__worker_check_live(s->w)) < 0)
+		return ret;
+	used = blocks_for(s, s->n_tokens);
+	if (s->n_tokens % btok(s) && !s->w->arena->data)
+		return kva__err(-ENOTSUP, "seq_fork: the partial block cannot be copied here");
+	if ((ret = quota_check(s, used)) < 0)
+		return ret;
+	c = malloc(sizeof(*c));
+	if (!c)
+		return kva__err(-ENOMEM, "seq_fork: out of memory");
+	*c = *s;
+	c->ids = NULL;
+	c->cap = 0;
+	c->n_blocks = 0;
+	c->part = malloc(sizeof(int32_t) * btok(s));
+	if (!c->part || (ret = table_room(c, used ? used : 1)) < 0 ||
+	    (used && (ret = kva_share(s->w, s->ids, (uint32_t)used)) < 0)) {
+		free(c->part);
+		free(c->ids);
+		free(c);
+		return ret < 0 ? ret : kva__err(-ENOMEM, "seq_fork: out of memory");
+	}
+	memcpy(c->part, s->part, sizeof(int32_t) * btok(s));
+	memcpy(c->ids, s->ids, used * sizeof(*s->ids));
+	c->n_blocks = used;
+	usage_add(c, (int64_t)used);
+	u32_add(&s->w->slot->open_seqs, 1);
+	s->cow = c->cow = s->n_tokens % btok(s) != 0;
+	*child = c;
+	return 0;
+}
+
+int kva_seq_block_table(const struct kva_seq *s, const uint32_t **ids, size_t *n_blocks,
+			size_t *n_tokens)
+{
+	if (!s)
+		return -EINVAL;
+	if (ids)
+		*ids = s->ids;
+	if (n_blocks)
+		*n_blocks = s->n_blocks;
+	if (n_tokens)
+		*n_tokens = s->n_tokens;
+	return 0;
+}
+
+void kva_seq_close(struct kva_seq *s)
+{
+	struct kva_worker *w;
+
+	if (!s)
+		return;
+	w = s->w;
+	if (kva__worker_check_live(w) == 0) {
+		struct kva_arena *a = w->arena;
+		uint64_t tick = atomic_fetch_add_explicit(&a->pool->tick, 1, memory_order_relaxed) + 1;
+
+		/* the request is over: its blocks were used now (the hint's
+		 * depth orders them: the root counts as the most recent) */
+		for (size_t i = 0; i < s->n_hashed && i < s->n_blocks; i++)
+			kva__hint_touch(a, s->ids[i], tick, false);
+		if (s->n_blocks)
+			kva_free(w, s->ids, (uint32_t)s->n_blocks);
+		usage_add(s, -(int64_t)s->n_blocks);
+		u32_add(&w->slot->open_seqs, -1);
+	}
+	free(s->ids);
+	free(s->part);
+	free(s);
+}

@@ -1,0 +1,637 @@
+/* SPDX-License-Identifier: MIT */
+/*
+ * test_seq.c - sequences, the prefix index and eviction.
+ *
+ * Every block a test publishes carries a stamp written before publication:
+ * its chained key and a pattern derived from it. Whoever matches a block
+ * checks the stamp against the key it computed itself, so a match that
+ * attached the wrong block, or a block whose bytes changed while it was
+ * cached, fails the test.
+ */
+#include <errno.h>
+#include <setjmp.h>
+#include <signal.h>
+#include <stdarg.h>
+#include <stddef.h>
+#include <stdio.h>
+#include <stdlib.h>
+#include <string.h>
+#include <sys/wait.h>
+#include <unistd.h>
+
+#include <cmocka.h>
+
+#include "arena_pvt.h"
+#include "testutil.h"
+
+#define BT 16u /* tu_geometry's block_tokens */
+/* kva_prefix_salt("llama-3-8b", "", 0) and the keys of a fixed block, chained
+ * once: pinned (test_hashes_are_pinned) */
+#define SALT0 0xb705dd3ab5d23452ull
+#define SALT1 0x0265e01de39c1ba1ull
+#define K10 0x6640df21ac81dea8ull
+#define K11 0xc4568bbff92f1877ull
+#define K20 0xbeee3049680c02e8ull
+#define K21 0xa09414c559c0bcf0ull
+
+/* ------------------------------------------------------------- helpers */
+
+/* token t of block j of prefix family f: families share nothing */
+static int32_t tok(uint32_t f, uint32_t j, uint32_t t)
+{
+	return (int32_t)((f * 7919u + j * 104729u + t * 31u) & 0x7fffffff);
+}
+
+static void make_tokens(uint32_t f, uint32_t n, int32_t *out)
+{
+	for (uint32_t i = 0; i < n; i++)
+		out[i] = tok(f, i / BT, i % BT);
+}
+
+struct stamp {
+	uint64_t key[2];
+	uint64_t pattern[6];
+};
+
+static void stamp_make(const uint64_t key[2], struct stamp *s)
+{
+	s->key[0] = key[0];
+	s->key[1] = key[1];
+	for (int i = 0; i < 6; i++)
+		s->pattern[i] = key[0] * (uint64_t)(i + 3) ^ key[1] >> i;
+}
+
+static void stamp_write(struct kva_worker *w, uint32_t id, const uint64_t key[2])
+{
+	struct stamp s;
+
+	stamp_make(key, &s);
+	memcpy(kva_block_data(w, id), &s, sizeof(s));
+}
+
+static bool stamp_ok(struct kva_worker *w, uint32_t id, const uint64_t key[2])
+{
+	struct stamp s;
+
+	stamp_make(key, &s);
+	return memcmp(kva_block_data(w, id), &s, sizeof(s)) == 0;
+}
+
+/* the chained keys of the full blocks of @tokens */
+static void chain(const int32_t *tokens, uint32_t n, const uint64_t salt[2], uint64_t (*keys)[2])
+{
+	for (uint32_t j = 0; j < n / BT; j++)
+		kva_prefix_hash(j ? keys[j - 1] : NULL, salt, tokens + j * BT, BT, keys[j]);
+}
+
+struct req_result {
+	size_t matched;
+	uint32_t bad_stamps;
+	int err;
+};
+
+/*
+ * One request: match, check the matched stamps, reserve the rest, stamp each
+ * new full block before the append that publishes it, close (unless @keep).
+ */
+static struct req_result request(struct kva_worker *w, const struct kva_seq_opts *o,
+				 const int32_t *tokens, uint32_t n, struct kva_seq **keep)
+{
+	struct req_result r = { 0 };
+	uint64_t (*keys)[2] = calloc(n / BT + 1, sizeof(*keys)), salt[2];
+	const uint32_t *ids;
+	size_t nb, nt;
+	struct kva_seq *s;
+
+	kva_prefix_salt(o->model, o->adapter, o->tenant, salt);
+	chain(tokens, n, salt, keys);
+	if ((r.err = kva_seq_open(w, o, &s)) < 0)
+		goto out;
+	if ((r.err = kva_seq_match(s, tokens, n, &r.matched)) < 0)
+		goto close;
+	kva_seq_block_table(s, &ids, &nb, &nt);
+	for (size_t j = 0; j < r.matched / BT; j++)
+		r.bad_stamps += !stamp_ok(w, ids[j], keys[j]);
+	if ((r.err = kva_seq_reserve(s, n - r.matched)) < 0)
+		goto close;
+	kva_seq_block_table(s, &ids, &nb, &nt);
+	for (size_t j = r.matched / BT; j < n / BT; j++)
+		stamp_write(w, ids[j], keys[j]);
+	if ((r.err = kva_seq_append(s, tokens + r.matched, n - r.matched)) < 0)
+		goto close;
+	if (keep) {
+		*keep = s;
+		goto out;
+	}
+close:
+	kva_seq_close(s);
+out:
+	free(keys);
+	return r;
+}
+
+static const struct kva_seq_opts infer = { .kind = KVA_OWNER_INFERENCE, .model = "m" };
+
+static void check_arena(struct kva_arena *a)
+{
+	struct kva_check_report r;
+
+	if (kva_arena_check(a, &r) < 0)
+		fail_msg("%s", kva_errmsg());
+}
+
+/* ----------------------------------------------------- single process */
+
+static void test_hashes_are_pinned(void **state)
+{
+	uint64_t salt[2], k1[2], k2[2], again[2];
+	int32_t t[BT];
+
+	(void)state;
+	for (uint32_t i = 0; i < BT; i++)
+		t[i] = (int32_t)(i * 1000 + 7);
+	kva_prefix_salt("llama-3-8b", "", 0, salt);
+	kva_prefix_hash(NULL, salt, t, BT, k1);
+	kva_prefix_hash(k1, salt, t, BT, k2);
+	/* the values of this implementation, pinned: a change here breaks
+	 * every cache that outlives a restart, and every other process */
+	fprintf(stderr, "  salt %016llx%016llx k1 %016llx%016llx k2 %016llx%016llx\n",
+		(unsigned long long)salt[1], (unsigned long long)salt[0],
+		(unsigned long long)k1[1], (unsigned long long)k1[0],
+		(unsigned long long)k2[1], (unsigned long long)k2[0]);
+	assert_true(salt[0] == SALT0 && salt[1] == SALT1);
+	assert_true(k1[0] == K10 && k1[1] == K11);
+	assert_true(k2[0] == K20 && k2[1] == K21);
+	kva_prefix_hash(NULL, salt, t, BT, again);
+	assert_memory_equal(again, k1, sizeof(k1));
+	/* every input matters */
+	kva_prefix_salt("llama-3-8b", "", 1, again);
+	assert_memory_not_equal(again, salt, sizeof(salt));
+	kva_prefix_salt("llama-3-8b", "lora-a", 0, again);
+	assert_memory_not_equal(again, salt, sizeof(salt));
+	t[BT - 1]++;
+	kva_prefix_hash(NULL, salt, t, BT, again);
+	assert_memory_not_equal(again, k1, sizeof(k1));
+}
+
+static void test_publish_close_match(void **state)
+{
+	struct kva_arena *a = tu_arena(256, 8, 4);
+	struct kva_worker *w, *w2;
+	int32_t t[5 * BT + 3];
+	struct req_result r;
+	struct kva_prefix_stats ps;
+
+	(void)state;
+	assert_int_equal(kva_worker_join(a, "a", &w), 0);
+	assert_int_equal(kva_worker_join(a, "b", &w2), 0);
+	make_tokens(1, 5 * BT + 3, t);
+
+	r = request(w, &infer, t, 5 * BT + 3, NULL);
+	assert_int_equal(r.err, 0);
+	assert_int_equal(r.matched, 0);
+	check_arena(a);
+	assert_int_equal(kva_arena_prefix_stats(a, &ps), 0);
+	assert_int_equal(ps.published, 5);        /* full blocks only */
+	assert_int_equal(ps.cached_blocks, 5);    /* the partial one was freed */
+	assert_int_equal(ps.index_valid, 5);
+
+	/* another worker: the same tokens match every full block */
+	r = request(w2, &infer, t, 5 * BT + 3, NULL);
+	assert_int_equal(r.err, 0);
+	assert_int_equal(r.matched, 5 * BT);
+	assert_int_equal(r.bad_stamps, 0);
+	/* a shorter prompt matches what it covers; a partial block never */
+	r = request(w2, &infer, t, 2 * BT + 5, NULL);
+	assert_int_equal(r.matched, 2 * BT);
+	/* another tenant, model or adapter: nothing */
+	{
+		struct kva_seq_opts o = infer;
+
+		o.tenant = 9;
+		assert_int_equal(request(w2, &o, t, 5 * BT, NULL).matched, 0);
+		o = infer;
+		o.adapter = "lora";
+		assert_int_equal(request(w2, &o, t, 5 * BT, NULL).matched, 0);
+	}
+	/* a different second block: the first matches, no more */
+	t[BT + 3] ^= 1;
+	assert_int_equal(request(w2, &infer, t, 5 * BT, NULL).matched, BT);
+	check_arena(a);
+	assert_int_equal(kva_arena_prefix_stats(a, &ps), 0);
+	assert_true(ps.hits >= 5 + 2 + 1);
+	assert_true(ps.misses >= 1);
+	kva_worker_leave(w);
+	kva_worker_leave(w2);
+	check_arena(a);
+	kva_arena_close(a);
+}
+
+static void test_argument_errors(void **state)
+{
+	struct kva_arena *a = tu_arena(64, 8, 2);
+	struct kva_worker *w;
+	struct kva_seq *s;
+	struct kva_seq_opts o = infer;
+	int32_t t[4 * BT];
+	size_t m;
+
+	(void)state;
+	assert_int_equal(kva_worker_join(a, "a", &w), 0);
+	make_tokens(2, 4 * BT, t);
+	assert_int_equal(kva_seq_open(NULL, &o, &s), -EINVAL);
+	assert_int_equal(kva_seq_open(w, NULL, &s), -EINVAL);
+	o.kind = 7;
+	assert_int_equal(kva_seq_open(w, &o, &s), -EINVAL);
+	o = infer;
+	o.max_tokens = 2 * BT;
+	assert_int_equal(kva_seq_open(w, &o, &s), 0);
+	assert_int_equal(kva_seq_reserve(s, 2 * BT + 1), -EFBIG);
+	assert_non_null(strstr(kva_errmsg(), "maximum"));
+	assert_int_equal(kva_seq_append(s, t, 2 * BT + 1), -EFBIG);
+	assert_int_equal(kva_seq_append(s, t, 2 * BT), 0);
+	assert_int_equal(kva_seq_match(s, t, 4 * BT, &m), -EBUSY);
+	assert_int_equal(kva_seq_append(s, NULL, 3), -EINVAL);
+	kva_seq_close(s);
+	/* all or nothing: more than the arena has */
+	assert_int_equal(kva_seq_open(w, &infer, &s), 0);
+	assert_int_equal(kva_seq_reserve(s, 65 * BT), -ENOSPC);
+	{
+		const uint32_t *ids;
+		size_t nb, nt;
+
+		kva_seq_block_table(s, &ids, &nb, &nt);
+		assert_int_equal(nb, 0);
+	}
+	kva_seq_close(s);
+	check_arena(a);
+	kva_worker_leave(w);
+	kva_arena_close(a);
+}
+
+static void test_eviction_under_pressure(void **state)
+{
+	static const enum kva_evict_policy pol[] = { KVA_EVICT_CLOCK, KVA_EVICT_PREFIX };
+
+	(void)state;
+	for (unsigned k = 0; k < 2; k++) {
+		struct kva_arena *a = tu_arena(64, 0, 2);
+		struct kva_worker *w;
+		struct kva_prefix_stats ps;
+		int32_t t[8 * BT];
+
+		assert_int_equal(kva_arena_set_policy(a, pol[k]), 0);
+		assert_int_equal(kva_worker_join(a, "a", &w), 0);
+		/* 8 families of 8 blocks fill the arena with cached blocks */
+		for (uint32_t f = 0; f < 8; f++) {
+			make_tokens(100 + f, 8 * BT, t);
+			assert_int_equal(request(w, &infer, t, 8 * BT, NULL).err, 0);
+		}
+		assert_int_equal(kva_arena_prefix_stats(a, &ps), 0);
+		assert_int_equal(ps.cached_blocks, 64);
+		/* more: allocation evicts cached blocks, data of survivors intact */
+		for (uint32_t f = 8; f < 20; f++) {
+			struct req_result r;
+
+			make_tokens(100 + f, 8 * BT, t);
+			r = request(w, &infer, t, 8 * BT, NULL);
+			if (r.err)
+				fail_msg("family %u: %s", f, kva_errmsg());
+			assert_int_equal(r.bad_stamps, 0);
+		}
+		assert_int_equal(kva_arena_prefix_stats(a, &ps), 0);
+		assert_true(ps.evictions >= 12 * 8);
+		check_arena(a);
+		/* whatever is still matched has its publisher's bytes */
+		for (uint32_t f = 0; f < 20; f++) {
+			make_tokens(100 + f, 8 * BT, t);
+			assert_int_equal(request(w, &infer, t, 8 * BT, NULL).bad_stamps, 0);
+		}
+		check_arena(a);
+		kva_worker_leave(w);
+		kva_arena_close(a);
+	}
+}
+
+static void test_prefix_policy_keeps_the_hot_prefix(void **state)
+{
+	struct kva_arena *a = tu_arena(96, 0, 2);
+	struct kva_worker *w;
+	int32_t hot[4 * BT], t[4 * BT + BT];
+	size_t matched_hot = 0;
+
+	(void)state;
+	assert_int_equal(kva_worker_join(a, "a", &w), 0);
+	make_tokens(1, 4 * BT, hot);
+	/* a hot prefix reused between one-time requests that churn the arena */
+	for (uint32_t i = 0; i < 60; i++) {
+		struct req_result r = request(w, &infer, hot, 4 * BT, NULL);
+
+		assert_int_equal(r.err, 0);
+		matched_hot += r.matched;
+		make_tokens(1000 + i, 5 * BT, t);
+		assert_int_equal(request(w, &infer, t, 5 * BT, NULL).err, 0);
+	}
+	/* all but the first: the one-time blocks never pushed it out */
+	assert_int_equal(matched_hot, 59 * 4 * BT);
+	check_arena(a);
+	kva_worker_leave(w);
+	kva_arena_close(a);
+}
+
+static void test_quotas_and_pinned(void **state)
+{
+	struct kva_arena *a = tu_arena(64, 0, 2);
+	struct kva_worker *w;
+	struct kva_seq *pin, *s;
+	struct kva_quotas q = { 0 };
+	struct kva_seq_opts po = { .kind = KVA_OWNER_PINNED, .model = "m" };
+	struct kva_seq_opts to = { .kind = KVA_OWNER_INFERENCE, .model = "m", .tenant = 5 };
+	int32_t t[32 * BT];
+	struct req_result r;
+
+	(void)state;
+	assert_int_equal(kva_worker_join(a, "a", &w), 0);
+	q.kind[KVA_OWNER_INFERENCE] = 40;
+	q.tenant[0].tenant = 5;
+	q.tenant[0].blocks = 10;
+	assert_int_equal(kva_arena_set_quotas(a, &q), 0);
+
+	/* a pinned sequence holds 24 blocks, published */
+	make_tokens(7, 24 * BT, t);
+	r = request(w, &po, t, 24 * BT, &pin);
+	assert_int_equal(r.err, 0);
+	/* tenant 5 may hold 10 */
+	assert_int_equal(kva_seq_open(w, &to, &s), 0);
+	assert_int_equal(kva_seq_reserve(s, 11 * BT), -EDQUOT);
+	assert_non_null(strstr(kva_errmsg(), "tenant 5"));
+	assert_int_equal(kva_seq_reserve(s, 10 * BT), 0);
+	kva_seq_close(s);
+	/* inference may hold 40 in all */
+	assert_int_equal(kva_seq_open(w, &infer, &s), 0);
+	assert_int_equal(kva_seq_reserve(s, 41 * BT), -EDQUOT);
+	assert_non_null(strstr(kva_errmsg(), "inference"));
+	assert_int_equal(kva_seq_reserve(s, 40 * BT), 0);
+	/* 24 pinned + 40: the arena is full; nothing of the pinned one may go */
+	{
+		struct kva_seq *s2;
+
+		q.kind[KVA_OWNER_INFERENCE] = 0;
+		assert_int_equal(kva_arena_set_quotas(a, &q), 0);
+		assert_int_equal(kva_seq_open(w, &infer, &s2), 0);
+		assert_int_equal(kva_seq_reserve(s2, BT), -ENOSPC);
+		kva_seq_close(s2);
+	}
+	kva_seq_close(s);
+	{
+		const uint32_t *ids;
+		size_t nb, nt;
+		uint64_t salt[2], (*keys)[2] = calloc(24, sizeof(*keys));
+
+		kva_prefix_salt("m", NULL, 0, salt);
+		chain(t, 24 * BT, salt, keys);
+		kva_seq_block_table(pin, &ids, &nb, &nt);
+		for (uint32_t j = 0; j < 24; j++)
+			assert_true(stamp_ok(w, ids[j], keys[j]));
+		free(keys);
+	}
+	kva_seq_close(pin);
+	check_arena(a);
+	kva_worker_leave(w);
+	kva_arena_close(a);
+}
+
+static void test_fork_copies_the_partial_block(void **state)
+{
+	struct kva_arena *a = tu_arena(64, 4, 2);
+	struct kva_worker *w;
+	struct kva_seq *p, *c;
+	const uint32_t *pi, *ci;
+	size_t pn, cn, pt, ct;
+	int32_t t[3 * BT];
+	uint8_t *d;
+
+	(void)state;
+	assert_int_equal(kva_worker_join(a, "a", &w), 0);
+	make_tokens(3, 3 * BT, t);
+	assert_int_equal(kva_seq_open(w, &infer, &p), 0);
+	assert_int_equal(kva_seq_append(p, t, BT + 5), 0);
+	kva_seq_block_table(p, &pi, &pn, &pt);
+	d = kva_block_data(w, pi[1]);
+	memset(d, 0xab, 64);
+	assert_int_equal(kva_seq_fork(p, &c), 0);
+	kva_seq_block_table(c, &ci, &cn, &ct);
+	assert_int_equal(cn, 2);
+	assert_int_equal(ct, BT + 5);
+	assert_int_equal(ci[0], pi[0]);
+	assert_int_equal(ci[1], pi[1]);
+	/* the parent appends: it copies the partial block first */
+	assert_int_equal(kva_seq_append(p, t + BT + 5, 2), 0);
+	kva_seq_block_table(p, &pi, &pn, &pt);
+	assert_int_not_equal(pi[1], ci[1]);
+	assert_int_equal(pi[0], ci[0]);
+	assert_int_equal(((uint8_t *)kva_block_data(w, pi[1]))[10], 0xab);
+	memset(kva_block_data(w, pi[1]), 0xcd, 64);
+	assert_int_equal(((uint8_t *)kva_block_data(w, ci[1]))[10], 0xab);
+	/* the child appends its own tokens: it copies too */
+	assert_int_equal(kva_seq_append(c, t + BT + 5, BT - 5), 0);
+	kva_seq_block_table(c, &ci, &cn, &ct);
+	assert_int_equal(ct, 2 * BT);
+	check_arena(a);
+	kva_seq_close(p);
+	kva_seq_close(c);
+	check_arena(a);
+	{
+		struct kva_stats st;
+
+		kva_stats(w, &st);
+		/* the shared full block and the child's now full second block
+		 * are published and cached; nothing else is held */
+		assert_int_equal(st.owned_blocks, st.cached_blocks);
+	}
+	kva_worker_leave(w);
+	kva_arena_close(a);
+}
+
+static void test_same_block_published_twice_converges(void **state)
+{
+	struct kva_arena *a = tu_arena(64, 0, 2);
+	struct kva_worker *w1, *w2;
+	struct kva_seq *s1, *s2, *s3;
+	int32_t t[2 * BT];
+	struct kva_prefix_stats ps;
+	const uint32_t *i1, *i2, *i3;
+	size_t n, nt, m;
+
+	(void)state;
+	assert_int_equal(kva_worker_join(a, "a", &w1), 0);
+	assert_int_equal(kva_worker_join(a, "b", &w2), 0);
+	make_tokens(4, 2 * BT, t);
+	/* both compute the same prompt without seeing each other */
+	assert_int_equal(kva_seq_open(w1, &infer, &s1), 0);
+	assert_int_equal(kva_seq_open(w2, &infer, &s2), 0);
+	assert_int_equal(kva_seq_append(s1, t, 2 * BT), 0);
+	assert_int_equal(kva_seq_append(s2, t, 2 * BT), 0);
+	assert_int_equal(kva_arena_prefix_stats(a, &ps), 0);
+	assert_int_equal(ps.published, 2);
+	assert_int_equal(ps.duplicates, 2);
+	/* a third matches the first publisher's blocks */
+	assert_int_equal(kva_seq_open(w2, &infer, &s3), 0);
+	assert_int_equal(kva_seq_match(s3, t, 2 * BT, &m), 0);
+	assert_int_equal(m, 2 * BT);
+	kva_seq_block_table(s1, &i1, &n, &nt);
+	kva_seq_block_table(s2, &i2, &n, &nt);
+	kva_seq_block_table(s3, &i3, &n, &nt);
+	assert_int_equal(i3[0], i1[0]);
+	assert_int_equal(i3[1], i1[1]);
+	assert_int_not_equal(i2[0], i1[0]);
+	kva_seq_close(s2); /* its private copies are freed */
+	kva_seq_close(s1);
+	kva_seq_close(s3);
+	assert_int_equal(kva_arena_prefix_stats(a, &ps), 0);
+	assert_int_equal(ps.cached_blocks, 2);
+	check_arena(a);
+	kva_worker_leave(w1);
+	kva_worker_leave(w2);
+	kva_arena_close(a);
+}
+
+/* ------------------------------------------------------- processes */
+
+#define FAMILIES 24
+#define MAXB 10
+
+/* random requests over shared families until killed or @iters done */
+static void churn(struct kva_arena *a, uint64_t seed, uint32_t iters, _Atomic uint32_t *errors)
+{
+	struct kva_worker *w;
+	int32_t t[MAXB * BT + BT];
+
+	if (kva_worker_join(a, "churn", &w) < 0) {
+		atomic_fetch_add(errors, 1);
+		return;
+	}
+	for (uint32_t i = 0; i < iters; i++) {
+		uint32_t f = (uint32_t)(tu_rand(&seed) % FAMILIES);
+		uint32_t n = (uint32_t)(tu_rand(&seed) % (MAXB * BT)) + 1;
+		struct req_result r;
+
+		make_tokens(f, n, t);
+		r = request(w, &infer, t, n, NULL);
+		if (r.bad_stamps || (r.err && r.err != -ENOSPC))
+			atomic_fetch_add(errors, 1);
+	}
+	kva_worker_leave(w);
+}
+
+static void test_processes_match_publish_evict(void **state)
+{
+	/* small enough that eviction runs all the time */
+	struct kva_arena *a = tu_arena(160, 4, 8);
+	_Atomic uint32_t *errors = tu_shared_alloc(sizeof(*errors));
+	pid_t pids[6];
+	struct kva_prefix_stats ps;
+
+	(void)state;
+	for (int k = 0; k < 6; k++) {
+		pids[k] = tu_fork();
+		if (!pids[k]) {
+			if (k % 2)
+				kva_arena_set_policy(a, KVA_EVICT_CLOCK); /* mid-run switch */
+			churn(a, 1000 + k, 400, errors);
+			_exit(0);
+		}
+	}
+	for (int k = 0; k < 6; k++) {
+		int st;
+
+		assert_int_equal(waitpid(pids[k], &st, 0), pids[k]);
+		assert_true(WIFEXITED(st) && WEXITSTATUS(st) == 0);
+	}
+	assert_int_equal(atomic_load(errors), 0);
+	check_arena(a);
+	assert_int_equal(kva_arena_prefix_stats(a, &ps), 0);
+	fprintf(stderr, "  hits %llu misses %llu published %llu duplicates %llu evictions %llu\n",
+		(unsigned long long)ps.hits, (unsigned long long)ps.misses,
+		(unsigned long long)ps.published, (unsigned long long)ps.duplicates,
+		(unsigned long long)ps.evictions);
+	assert_true(ps.hits > 0 && ps.evictions > 0);
+	tu_shared_free(errors, sizeof(*errors));
+	kva_arena_close(a);
+}
+
+static void test_sigkill_during_publish_and_evict(void **state)
+{
+	struct kva_arena *a = tu_arena(160, 4, 8);
+	_Atomic uint32_t *errors = tu_shared_alloc(sizeof(*errors));
+	uint64_t rng = 77;
+	unsigned kills = 0;
+	pid_t pids[4];
+
+	(void)state;
+	for (int k = 0; k < 4; k++) {
+		pids[k] = tu_fork();
+		if (!pids[k]) {
+			churn(a, 2000 + k, UINT32_MAX, errors);
+			_exit(0);
+		}
+	}
+	for (int round = 0; round < 120; round++) {
+		int k = (int)(tu_rand(&rng) % 4), slot, st;
+		struct kva_reclaim_report r;
+
+		usleep((useconds_t)(tu_rand(&rng) % 3000));
+		slot = tu_slot_of(a, pids[k]);
+		kill(pids[k], SIGKILL);
+		assert_int_equal(waitpid(pids[k], &st, 0), pids[k]);
+		kills++;
+		if (slot >= 0)
+			assert_int_equal(kva_arena_reclaim(a, (uint32_t)slot, &r), 0);
+		pids[k] = tu_fork();
+		if (!pids[k]) {
+			churn(a, 3000 + (uint64_t)round, UINT32_MAX, errors);
+			_exit(0);
+		}
+	}
+	for (int k = 0; k < 4; k++) {
+		int slot = tu_slot_of(a, pids[k]), st;
+
+		kill(pids[k], SIGKILL);
+		waitpid(pids[k], &st, 0);
+		if (slot >= 0)
+			assert_int_equal(kva_arena_reclaim(a, (uint32_t)slot, NULL), 0);
+	}
+	assert_int_equal(atomic_load(errors), 0);
+	check_arena(a);
+	/* and the index still serves: a fresh worker matches and verifies */
+	churn(a, 99, 200, errors);
+	assert_int_equal(atomic_load(errors), 0);
+	check_arena(a);
+	{
+		struct kva_stats st;
+
+		kva_arena_stats(a, &st);
+		assert_int_equal(st.owned_blocks + st.shared_blocks, 0); /* nobody holds */
+	}
+	fprintf(stderr, "  %u kills\n", kills);
+	tu_shared_free(errors, sizeof(*errors));
+	kva_arena_close(a);
+}
+
+int main(void)
+{
+	const struct CMUnitTest tests[] = {
+		cmocka_unit_test(test_hashes_are_pinned),
+		cmocka_unit_test(test_publish_close_match),
+		cmocka_unit_test(test_argument_errors),
+		cmocka_unit_test(test_eviction_under_pressure),
+		cmocka_unit_test(test_prefix_policy_keeps_the_hot_prefix),
+		cmocka_unit_test(test_quotas_and_pinned),
+		cmocka_unit_test(test_fork_copies_the_partial_block),
+		cmocka_unit_test(test_same_block_published_twice_converges),
+		cmocka_unit_test(test_processes_match_publish_evict),
+		cmocka_unit_test(test_sigkill_during_publish_and_evict),
+	};
+
+	return cmocka_run_group_tests(tests, NULL, NULL);
+}
