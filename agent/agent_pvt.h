@@ -33,6 +33,8 @@ struct agent_config {
 	int log_level;
 	uint32_t shutdown_grace_ms;
 	uint32_t check_interval_ms;
+	enum kva_evict_policy evict_policy;
+	struct kva_quotas quotas;
 };
 
 /* config.c */

@@ -22,7 +22,8 @@ enum opt {
 	O_SOCKET = 256, O_SOCKET_MODE, O_SOCKET_GROUP, O_NAME, O_BACKEND, O_BLOCKS, O_MEMORY,
 	O_BLOCK_TOKENS, O_LAYERS, O_KV_HEADS, O_HEAD_DIM, O_DTYPE, O_LAYOUT, O_HUGEPAGES,
 	O_NUMA_NODE, O_MAX_WORKERS, O_WORKER_CACHE, O_ALLOW_UID, O_ALLOW_GID, O_LOG_LEVEL,
-	O_SHUTDOWN_GRACE, O_CHECK_INTERVAL, O_CONFIG, O_HELP, O_VERSION,
+	O_SHUTDOWN_GRACE, O_CHECK_INTERVAL, O_EVICT_POLICY, O_QUOTA_INFERENCE, O_QUOTA_TRAINING,
+	O_QUOTA_PINNED, O_TENANT_QUOTA, O_CONFIG, O_HELP, O_VERSION,
 };
 
 static const struct option options[] = {
@@ -48,6 +49,11 @@ static const struct option options[] = {
 	{ "log-level", required_argument, NULL, O_LOG_LEVEL },
 	{ "shutdown-grace", required_argument, NULL, O_SHUTDOWN_GRACE },
 	{ "check-interval", required_argument, NULL, O_CHECK_INTERVAL },
+	{ "evict-policy", required_argument, NULL, O_EVICT_POLICY },
+	{ "quota-inference", required_argument, NULL, O_QUOTA_INFERENCE },
+	{ "quota-training", required_argument, NULL, O_QUOTA_TRAINING },
+	{ "quota-pinned", required_argument, NULL, O_QUOTA_PINNED },
+	{ "tenant-quota", required_argument, NULL, O_TENANT_QUOTA },
 	{ "config", required_argument, NULL, O_CONFIG },
 	{ "help", no_argument, NULL, O_HELP },
 	{ "version", no_argument, NULL, O_VERSION },
@@ -87,13 +93,20 @@ static void usage(FILE *f)
 "  --log-level L          error, warn, info (default), debug\n"
 "  --shutdown-grace S     seconds to wait for workers after SIGTERM (default 5)\n"
 "  --check-interval S     seconds between arena checks (default 1; 0: never)\n"
+"  --evict-policy P       which cached prefix blocks allocation takes first: prefix\n"
+"                         (default: leaves, one-time blocks and stale ones first)\n"
+"                         or clock (second chance)\n"
+"  --quota-inference N    blocks inference sequences may hold in all (0: no limit)\n"
+"  --quota-training N     blocks training sequences may hold in all (0: no limit)\n"
+"  --quota-pinned N       blocks pinned sequences may hold in all (0: no limit)\n"
+"  --tenant-quota T:N     blocks tenant T's sequences may hold (repeatable, up to %u)\n"
 "  --config FILE          read these settings from FILE first: one \"key = value\"\n"
 "                         per line, keys as the flags without dashes\n"
 "  --help, --version\n"
 "\n"
 "Signals: SIGTERM or SIGINT stop admitting, tell workers, wait --shutdown-grace,\n"
 "remove the socket and exit 0. With NOTIFY_SOCKET set it tells systemd READY=1.\n",
-		KVA_DEFAULT_SOCKET, KVA_MAX_WORKERS, KVA_MAX_WORKERS);
+		KVA_DEFAULT_SOCKET, KVA_MAX_WORKERS, KVA_MAX_WORKERS, KVA_MAX_TENANT_QUOTAS);
 }
 
 static int bad(const char *key, const char *value, const char *why)
@@ -298,6 +311,37 @@ static int set_option(struct agent_config *c, int opt, const char *key, const ch
 		return parse_seconds(key, v, 3600, &c->shutdown_grace_ms);
 	case O_CHECK_INTERVAL:
 		return parse_seconds(key, v, 3600, &c->check_interval_ms);
+	case O_EVICT_POLICY:
+		if (kva_evict_policy_parse(v, &c->evict_policy) < 0)
+			return bad(key, v, "prefix or clock");
+		return 0;
+	case O_QUOTA_INFERENCE:
+		return parse_u32(key, v, 0, KVA_MAX_BLOCKS, &c->quotas.kind[KVA_OWNER_INFERENCE]);
+	case O_QUOTA_TRAINING:
+		return parse_u32(key, v, 0, KVA_MAX_BLOCKS, &c->quotas.kind[KVA_OWNER_TRAINING]);
+	case O_QUOTA_PINNED:
+		return parse_u32(key, v, 0, KVA_MAX_BLOCKS, &c->quotas.kind[KVA_OWNER_PINNED]);
+	case O_TENANT_QUOTA: {
+		char tenant[16], *colon = strchr(v, ':');
+		uint32_t t = 0, n = 0;
+		unsigned i;
+
+		if (!colon || (size_t)(colon - v) >= sizeof(tenant))
+			return bad(key, v, "TENANT:BLOCKS, e.g. 7:4096");
+		memcpy(tenant, v, (size_t)(colon - v));
+		tenant[colon - v] = '\0';
+		if ((ret = parse_u32(key, tenant, 0, UINT32_MAX, &t)) < 0 ||
+		    (ret = parse_u32(key, colon + 1, 1, KVA_MAX_BLOCKS, &n)) < 0)
+			return ret;
+		for (i = 0; i < KVA_MAX_TENANT_QUOTAS; i++)
+			if (!c->quotas.tenant[i].blocks || c->quotas.tenant[i].tenant == t)
+				break;
+		if (i == KVA_MAX_TENANT_QUOTAS)
+			return bad(key, v, "more tenant quotas than the arena keeps");
+		c->quotas.tenant[i].tenant = t;
+		c->quotas.tenant[i].blocks = n;
+		return 0;
+	}
 	default:
 		return -EINVAL;
 	}

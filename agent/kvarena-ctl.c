@@ -16,7 +16,17 @@
  *   map      {"blocks","cells","width","rows":[...],"legend":{char: meaning}}
  *   check    {"ok","free_blocks","owned_blocks","shared_blocks","shared_refs",
  *             "bad_descriptors","stale_owners","dead_holders","hints_missing",
- *             "dead_slots","first_bad_block"}
+ *             "dead_slots","first_bad_block","cached_blocks","index_bad"}
+ *   prefix   {"policy","index_entries","index_valid","index_tombstones",
+ *             "index_load","cached_blocks","published_blocks","hits","misses",
+ *             "hit_ratio","published","duplicates","evictions":{"pressure",
+ *             "stale_entries"},"index_full","open_seqs","usage":{"inference",
+ *             "training","pinned"},"quotas":{"inference","training","pinned",
+ *             "tenants":[{"tenant","blocks","used"}]}}
+ *   seqs     one object a worker: {"slot","name","pid","open_seqs","inference",
+ *             "training","pinned","hits","misses","published","evictions"}
+ * status also has "prefix_cached_blocks", "prefix_hits", "prefix_misses",
+ * "evictions" and "evict_policy".
  * Exit status: 0; 1 when there is no agent, access is refused, or check
  * finds the invariant broken; 2 for a bad command line.
  */
@@ -52,6 +62,9 @@ static void usage(FILE *f)
 "                    the block map: one character per block (or per run of\n"
 "                    blocks when --rows limits it), with a legend\n"
 "  check             verify the arena's invariant; exit 1 if it is broken\n"
+"  prefix            the prefix index and cache: occupancy, hits, misses,\n"
+"                    evictions, usage by owner kind, quotas\n"
+"  seqs              sequences per worker: open, blocks held, hits, misses\n"
 "\n"
 "  --socket PATH     the agent's socket (default: $KVARENA_SOCKET, else %s)\n"
 "  --json            JSON objects, one per line\n",
@@ -83,13 +96,18 @@ static int cmd_status(struct ctl *c)
 	const char *layout = g->layout == KVA_LAYOUT_BLOCK_MAJOR ? "block-major" : "layer-major";
 	enum kva_agent_state as = kva_arena_agent(c->a, NULL);
 	struct kva_stats st;
+	struct kva_prefix_stats ps;
 	struct json_object *o, *geo;
 
-	if (kva_arena_stats(c->a, &st) < 0)
+	if (kva_arena_stats(c->a, &st) < 0 || kva_arena_prefix_stats(c->a, &ps) < 0)
 		return 1;
 	if (!c->json) {
 		printf("arena \"%s\" (agent pid %d, %s)\n", info->name, c->agent.pid,
 		       agent_state[as]);
+		printf("  prefix   %u blocks cached, %llu hits, %llu misses, %llu evictions "
+		       "(policy %s)\n", st.prefix_cached_blocks, (unsigned long long)ps.hits,
+		       (unsigned long long)ps.misses, (unsigned long long)ps.evictions,
+		       kva_evict_policy_name(ps.policy));
 		printf("  blocks   %u total, %u free, %u used (%u owned, %u shared with %u holders), "
 		       "%u idle in worker caches\n", st.total_blocks, st.free_blocks,
 		       st.used_blocks, st.owned_blocks, st.shared_blocks, st.shared_refs,
@@ -116,6 +134,11 @@ static int cmd_status(struct ctl *c)
 	add_int(o, "shared_blocks", st.shared_blocks);
 	add_int(o, "shared_refs", st.shared_refs);
 	add_int(o, "cached_blocks", st.cached_blocks);
+	add_int(o, "prefix_cached_blocks", st.prefix_cached_blocks);
+	add_int(o, "prefix_hits", (int64_t)ps.hits);
+	add_int(o, "prefix_misses", (int64_t)ps.misses);
+	add_int(o, "evictions", (int64_t)ps.evictions);
+	add_str(o, "evict_policy", kva_evict_policy_name(ps.policy));
 	add_int(o, "workers", st.workers);
 	add_int(o, "max_workers", st.max_workers);
 	add_int(o, "block_bytes", (int64_t)info->layout.block_bytes);
@@ -224,6 +247,135 @@ static int cmd_map(struct ctl *c)
 	return print_json(o);
 }
 
+static int cmd_prefix(struct ctl *c)
+{
+	static const char *const kinds[] = { "inference", "training", "pinned" };
+	struct kva_prefix_stats ps;
+	struct json_object *o, *ev, *use, *q, *ts;
+	double load, ratio;
+
+	if (kva_arena_prefix_stats(c->a, &ps) < 0)
+		return 1;
+	load = (double)ps.index_valid / (double)ps.index_entries;
+	ratio = ps.hits + ps.misses ? (double)ps.hits / (double)(ps.hits + ps.misses) : 0.0;
+	if (!c->json) {
+		printf("index    %llu entries: %llu valid (load %.3f), %llu tombstones\n",
+		       (unsigned long long)ps.index_entries, (unsigned long long)ps.index_valid,
+		       load, (unsigned long long)ps.index_tombstones);
+		printf("blocks   %llu cached (evictable), %llu published and held\n",
+		       (unsigned long long)ps.cached_blocks, (unsigned long long)ps.published_blocks);
+		printf("matches  %llu hits, %llu misses (hit ratio %.3f), %llu open sequences\n",
+		       (unsigned long long)ps.hits, (unsigned long long)ps.misses, ratio,
+		       (unsigned long long)ps.open_seqs);
+		printf("publish  %llu published, %llu lost a race to the same block, %llu skipped "
+		       "(index full)\n", (unsigned long long)ps.published,
+		       (unsigned long long)ps.duplicates, (unsigned long long)ps.index_full);
+		printf("evicted  %llu under allocation pressure (policy %s); %llu stale entries "
+		       "removed\n", (unsigned long long)ps.evictions,
+		       kva_evict_policy_name(ps.policy), (unsigned long long)ps.stale_entries);
+		for (unsigned k = 0; k < KVA_OWNER_KINDS; k++) {
+			printf("%-9s %llu blocks held", kinds[k], (unsigned long long)ps.kind_blocks[k]);
+			if (ps.quotas.kind[k])
+				printf(" of a quota of %u", ps.quotas.kind[k]);
+			printf("\n");
+		}
+		for (unsigned t = 0; t < KVA_MAX_TENANT_QUOTAS; t++)
+			if (ps.quotas.tenant[t].blocks)
+				printf("tenant %-6u %llu blocks held of a quota of %u\n",
+				       ps.quotas.tenant[t].tenant,
+				       (unsigned long long)ps.tenant_blocks[t], ps.quotas.tenant[t].blocks);
+		return 0;
+	}
+	o = json_object_new_object();
+	add_str(o, "policy", kva_evict_policy_name(ps.policy));
+	add_int(o, "index_entries", (int64_t)ps.index_entries);
+	add_int(o, "index_valid", (int64_t)ps.index_valid);
+	add_int(o, "index_tombstones", (int64_t)ps.index_tombstones);
+	json_object_object_add(o, "index_load", json_object_new_double(load));
+	add_int(o, "cached_blocks", (int64_t)ps.cached_blocks);
+	add_int(o, "published_blocks", (int64_t)ps.published_blocks);
+	add_int(o, "hits", (int64_t)ps.hits);
+	add_int(o, "misses", (int64_t)ps.misses);
+	json_object_object_add(o, "hit_ratio", json_object_new_double(ratio));
+	add_int(o, "published", (int64_t)ps.published);
+	add_int(o, "duplicates", (int64_t)ps.duplicates);
+	ev = json_object_new_object();
+	add_int(ev, "pressure", (int64_t)ps.evictions);
+	add_int(ev, "stale_entries", (int64_t)ps.stale_entries);
+	json_object_object_add(o, "evictions", ev);
+	add_int(o, "index_full", (int64_t)ps.index_full);
+	add_int(o, "open_seqs", (int64_t)ps.open_seqs);
+	use = json_object_new_object();
+	q = json_object_new_object();
+	for (unsigned k = 0; k < KVA_OWNER_KINDS; k++) {
+		add_int(use, kinds[k], (int64_t)ps.kind_blocks[k]);
+		add_int(q, kinds[k], ps.quotas.kind[k]);
+	}
+	json_object_object_add(o, "usage", use);
+	ts = json_object_new_array();
+	for (unsigned t = 0; t < KVA_MAX_TENANT_QUOTAS; t++) {
+		struct json_object *e;
+
+		if (!ps.quotas.tenant[t].blocks)
+			continue;
+		e = json_object_new_object();
+		add_int(e, "tenant", ps.quotas.tenant[t].tenant);
+		add_int(e, "blocks", ps.quotas.tenant[t].blocks);
+		add_int(e, "used", (int64_t)ps.tenant_blocks[t]);
+		json_object_array_add(ts, e);
+	}
+	json_object_object_add(q, "tenants", ts);
+	json_object_object_add(o, "quotas", q);
+	return print_json(o);
+}
+
+static int cmd_seqs(struct ctl *c)
+{
+	struct kva_stats st;
+	unsigned shown = 0;
+
+	if (kva_arena_stats(c->a, &st) < 0)
+		return 1;
+	if (!c->json)
+		printf("slot  name              pid      seqs  inference training pinned   "
+		       "hits      misses    published evictions\n");
+	for (uint32_t s = 0; s < st.max_workers; s++) {
+		const struct kva_slot_stats *w = &st.slots[s];
+		struct kva_seq_slot_stats q;
+		struct json_object *o;
+
+		if (w->state == KVA_SLOT_FREE || kva_arena_seq_stats(c->a, s, &q) < 0)
+			continue;
+		shown++;
+		if (!c->json) {
+			printf("%c %-3u %-17s %-8d %-5u %-9llu %-8llu %-8llu %-9llu %-9llu %-9llu "
+			       "%llu\n", kva_slot_char(s), s, w->name, w->pid, q.open_seqs,
+			       (unsigned long long)q.kind_blocks[0], (unsigned long long)q.kind_blocks[1],
+			       (unsigned long long)q.kind_blocks[2], (unsigned long long)q.hits,
+			       (unsigned long long)q.misses, (unsigned long long)q.published,
+			       (unsigned long long)q.evictions);
+			continue;
+		}
+		o = json_object_new_object();
+		add_int(o, "slot", s);
+		add_str(o, "name", w->name);
+		add_int(o, "pid", w->pid);
+		add_int(o, "open_seqs", q.open_seqs);
+		add_int(o, "inference", (int64_t)q.kind_blocks[0]);
+		add_int(o, "training", (int64_t)q.kind_blocks[1]);
+		add_int(o, "pinned", (int64_t)q.kind_blocks[2]);
+		add_int(o, "hits", (int64_t)q.hits);
+		add_int(o, "misses", (int64_t)q.misses);
+		add_int(o, "published", (int64_t)q.published);
+		add_int(o, "evictions", (int64_t)q.evictions);
+		if (print_json(o))
+			return 1;
+	}
+	if (!c->json && !shown)
+		printf("(no workers)\n");
+	return 0;
+}
+
 static int cmd_check(struct ctl *c)
 {
 	struct kva_check_report r;
@@ -250,6 +402,8 @@ static int cmd_check(struct ctl *c)
 	add_int(o, "hints_missing", r.hints_missing);
 	add_int(o, "dead_slots", r.dead_slots);
 	add_int(o, "first_bad_block", r.first_bad_block);
+	add_int(o, "cached_blocks", r.cached_blocks);
+	add_int(o, "index_bad", r.index_bad);
 	return print_json(o) || ret ? 1 : 0;
 }
 
@@ -313,6 +467,8 @@ int main(int argc, char **argv)
 		{ "workers", cmd_workers },
 		{ "map", cmd_map },
 		{ "check", cmd_check },
+		{ "prefix", cmd_prefix },
+		{ "seqs", cmd_seqs },
 	};
 	struct ctl c = { 0 };
 	int ret;

@@ -59,6 +59,8 @@ int main(int argc, char **argv)
 		log_err("creating the arena: %s", kva_errmsg());
 		return 1;
 	}
+	kva_arena_set_policy(a, c.evict_policy);
+	kva_arena_set_quotas(a, &c.quotas);
 	info = kva_arena_info(a);
 	log_info("arena \"%s\" (%s backend): %u blocks of %llu KiB (%u tokens x %u layers x K,V x "
 		 "%u kv heads x %u x %s, %s), %.1f MiB data%s, %u worker slots, worker cache %u",
@@ -70,6 +72,9 @@ int main(int argc, char **argv)
 		 (double)info->layout.data_bytes / (1 << 20),
 		 info->hugetlb ? " on huge pages" : c.hugepages ? " (no huge pages free: ordinary pages)" : "",
 		 info->max_workers, info->cache_blocks);
+	log_info("prefix cache: index of %llu entries, eviction policy %s",
+		 (unsigned long long)info->index_entries,
+		 kva_evict_policy_name(c.evict_policy));
 	if (!info->cache_blocks && !c.worker_cache)
 		log_info("no worker caches: %u blocks are too few for one (1/64 of the arena, 8 "
 			 "at least); every allocation goes to the shared pool", info->blocks);

@@ -259,6 +259,7 @@ int kva_arena_open_flags(int meta_fd, int data_fd, unsigned flags, struct kva_ar
 	a->info.numa_node = a->hdr.numa_node;
 	a->info.meta_bytes = a->hdr.meta_bytes;
 	a->info.alloc_meta_bytes = a->hdr.idx_off - a->hdr.desc_off;
+	a->info.index_entries = a->hdr.idx_entries;
 	memcpy(a->info.name, a->hdr.name, sizeof(a->info.name));
 	*out = a;
 	return 0;

@@ -149,6 +149,7 @@ struct kva_arena_info {
 	uint64_t meta_bytes;    /* metadata region size */
 	uint64_t alloc_meta_bytes; /* of it, what the allocator keeps per block:
 				    * descriptors and free-block summary */
+	uint64_t index_entries;  /* prefix index capacity (kvarena_seq.h) */
 	char name[32];
 };
 
