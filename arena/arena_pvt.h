@@ -331,6 +331,10 @@ enum kva__crash_point {
 	KVA__CP_JOIN_CLAIMED,     /* slot JOINING, not yet LIVE */
 	KVA__CP_LEAVE_RELEASE,    /* half-way through giving everything back */
 	KVA__CP_RECLAIM_SWEEP,    /* reclaimer half-way through the sweep */
+	KVA__CP_INDEX_BUSY,       /* index entry claimed BUSY, key not yet written */
+	KVA__CP_PUBLISH_INDEXED,  /* entry VALID, the block not yet PUB */
+	KVA__CP_MATCH_JOINED,     /* holder bit of a matched block set, held[] not yet */
+	KVA__CP_EVICT_TAKEN,      /* cached block taken, its index entry not yet removed */
 	KVA__CP_COUNT
 };
 #ifdef KVA_CRASH_POINTS

@@ -125,6 +125,7 @@ static bool take(struct kva_worker *w, uint32_t id, uint64_t d)
 		    &w->desc[id], &d, kva__d_make(KVA__D_OWNED, kva__d_epoch(d) + 1, w->owner_payload),
 		    memory_order_acquire, memory_order_relaxed))
 		return false;
+	KVA__CRASH_POINT(KVA__CP_EVICT_TAKEN);
 	pos = atomic_load_explicit(&a->bmeta[id].entry, memory_order_relaxed);
 	if (pos)
 		kva__index_remove(a, pos - 1, id, kva__d_epoch(d));

@@ -255,6 +255,7 @@ int kva__index_insert(struct kva_worker *w, const uint64_t key[2], uint32_t bloc
 					      memory_order_relaxed);
 			continue; /* someone took it: scan again */
 		}
+		KVA__CRASH_POINT(KVA__CP_INDEX_BUSY);
 		atomic_store_explicit(&a->idx[cand].key[0], key[0], memory_order_relaxed);
 		atomic_store_explicit(&a->idx[cand].key[1], key[1], memory_order_relaxed);
 		atomic_store_explicit(&a->idx[cand].info, info, memory_order_relaxed);

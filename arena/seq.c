@@ -254,6 +254,7 @@ static bool join(struct kva_seq *s, const struct kva__found *f)
 		} while (!atomic_compare_exchange_weak_explicit(&w->desc[b], &d, nd,
 								memory_order_acquire,
 								memory_order_acquire));
+		KVA__CRASH_POINT(KVA__CP_MATCH_JOINED);
 		w->c.held[b] = 1;
 	}
 	/* Held now. Is it this entry's block, not a stale entry whose epoch
@@ -418,6 +419,7 @@ static void publish(struct kva_seq *s, size_t i, const uint64_t key[2])
 		sc_add(w, KVA__SC_INDEX_FULL, 1);
 		return;
 	}
+	KVA__CRASH_POINT(KVA__CP_PUBLISH_INDEXED);
 	kva__hint_publish(a, id, atomic_load_explicit(&a->pool->tick, memory_order_relaxed),
 			  (uint32_t)i, pos);
 	/* release: the block's bytes and its meta before any matcher's acquire */
