@@ -9,6 +9,7 @@
  * cached, fails the test.
  */
 #include <errno.h>
+#include <pthread.h>
 #include <setjmp.h>
 #include <signal.h>
 #include <stdarg.h>
@@ -618,6 +619,40 @@ static void test_sigkill_during_publish_and_evict(void **state)
 	kva_arena_close(a);
 }
 
+struct churn_arg {
+	struct kva_arena *a;
+	uint64_t seed;
+	_Atomic uint32_t *errors;
+};
+
+static void *churn_thread(void *p)
+{
+	struct churn_arg *c = p;
+
+	churn(c->a, c->seed, 300, c->errors);
+	return NULL;
+}
+
+/* the same in threads of one process, so that TSan sees every access */
+static void test_threads_match_publish_evict(void **state)
+{
+	struct kva_arena *a = tu_arena(160, 4, 8);
+	_Atomic uint32_t errors = 0;
+	struct churn_arg args[4];
+	pthread_t th[4];
+
+	(void)state;
+	for (int k = 0; k < 4; k++) {
+		args[k] = (struct churn_arg){ a, 500 + (uint64_t)k, &errors };
+		assert_int_equal(pthread_create(&th[k], NULL, churn_thread, &args[k]), 0);
+	}
+	for (int k = 0; k < 4; k++)
+		pthread_join(th[k], NULL);
+	assert_int_equal(atomic_load(&errors), 0);
+	check_arena(a);
+	kva_arena_close(a);
+}
+
 int main(void)
 {
 	const struct CMUnitTest tests[] = {
@@ -629,6 +664,7 @@ int main(void)
 		cmocka_unit_test(test_quotas_and_pinned),
 		cmocka_unit_test(test_fork_copies_the_partial_block),
 		cmocka_unit_test(test_same_block_published_twice_converges),
+		cmocka_unit_test(test_threads_match_publish_evict),
 		cmocka_unit_test(test_processes_match_publish_evict),
 		cmocka_unit_test(test_sigkill_during_publish_and_evict),
 	};
