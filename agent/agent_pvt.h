@@ -34,6 +34,7 @@ struct agent_config {
 	uint32_t shutdown_grace_ms;
 	uint32_t check_interval_ms;
 	enum kva_evict_policy evict_policy;
+	uint32_t cache_limit;
 	struct kva_quotas quotas;
 };
 

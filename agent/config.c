@@ -23,7 +23,7 @@ enum opt {
 	O_BLOCK_TOKENS, O_LAYERS, O_KV_HEADS, O_HEAD_DIM, O_DTYPE, O_LAYOUT, O_HUGEPAGES,
 	O_NUMA_NODE, O_MAX_WORKERS, O_WORKER_CACHE, O_ALLOW_UID, O_ALLOW_GID, O_LOG_LEVEL,
 	O_SHUTDOWN_GRACE, O_CHECK_INTERVAL, O_EVICT_POLICY, O_QUOTA_INFERENCE, O_QUOTA_TRAINING,
-	O_QUOTA_PINNED, O_TENANT_QUOTA, O_CONFIG, O_HELP, O_VERSION,
+	O_QUOTA_PINNED, O_TENANT_QUOTA, O_CACHE_LIMIT, O_CONFIG, O_HELP, O_VERSION,
 };
 
 static const struct option options[] = {
@@ -50,6 +50,7 @@ static const struct option options[] = {
 	{ "shutdown-grace", required_argument, NULL, O_SHUTDOWN_GRACE },
 	{ "check-interval", required_argument, NULL, O_CHECK_INTERVAL },
 	{ "evict-policy", required_argument, NULL, O_EVICT_POLICY },
+	{ "cache-limit", required_argument, NULL, O_CACHE_LIMIT },
 	{ "quota-inference", required_argument, NULL, O_QUOTA_INFERENCE },
 	{ "quota-training", required_argument, NULL, O_QUOTA_TRAINING },
 	{ "quota-pinned", required_argument, NULL, O_QUOTA_PINNED },
@@ -96,6 +97,9 @@ static void usage(FILE *f)
 "  --evict-policy P       which cached prefix blocks allocation takes first: prefix\n"
 "                         (default: leaves, one-time blocks and stale ones first)\n"
 "                         or clock (second chance)\n"
+"  --cache-limit N        published prefix blocks (cached or held) at most; past\n"
+"                         it a publication evicts a cached block first (0: no\n"
+"                         limit: the cache takes whatever is free)\n"
 "  --quota-inference N    blocks inference sequences may hold in all (0: no limit)\n"
 "  --quota-training N     blocks training sequences may hold in all (0: no limit)\n"
 "  --quota-pinned N       blocks pinned sequences may hold in all (0: no limit)\n"
@@ -315,6 +319,8 @@ static int set_option(struct agent_config *c, int opt, const char *key, const ch
 		if (kva_evict_policy_parse(v, &c->evict_policy) < 0)
 			return bad(key, v, "prefix or clock");
 		return 0;
+	case O_CACHE_LIMIT:
+		return parse_u32(key, v, 0, KVA_MAX_BLOCKS, &c->cache_limit);
 	case O_QUOTA_INFERENCE:
 		return parse_u32(key, v, 0, KVA_MAX_BLOCKS, &c->quotas.kind[KVA_OWNER_INFERENCE]);
 	case O_QUOTA_TRAINING:

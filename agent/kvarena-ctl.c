@@ -18,7 +18,7 @@
  *             "bad_descriptors","stale_owners","dead_holders","hints_missing",
  *             "dead_slots","first_bad_block","cached_blocks","index_bad"}
  *   prefix   {"policy","index_entries","index_valid","index_tombstones",
- *             "index_load","cached_blocks","published_blocks","hits","misses",
+ *             "index_ghosts","index_load","cached_blocks","published_blocks","hits","misses",
  *             "hit_ratio","published","duplicates","evictions":{"pressure",
  *             "stale_entries"},"index_full","open_seqs","usage":{"inference",
  *             "training","pinned"},"quotas":{"inference","training","pinned",
@@ -259,9 +259,11 @@ static int cmd_prefix(struct ctl *c)
 	load = (double)ps.index_valid / (double)ps.index_entries;
 	ratio = ps.hits + ps.misses ? (double)ps.hits / (double)(ps.hits + ps.misses) : 0.0;
 	if (!c->json) {
-		printf("index    %llu entries: %llu valid (load %.3f), %llu tombstones\n",
+		printf("index    %llu entries: %llu valid (load %.3f), %llu ghosts (recent "
+		       "evictions' history), %llu tombstones\n",
 		       (unsigned long long)ps.index_entries, (unsigned long long)ps.index_valid,
-		       load, (unsigned long long)ps.index_tombstones);
+		       load, (unsigned long long)ps.index_ghosts,
+		       (unsigned long long)ps.index_tombstones);
 		printf("blocks   %llu cached (evictable), %llu published and held\n",
 		       (unsigned long long)ps.cached_blocks, (unsigned long long)ps.published_blocks);
 		printf("matches  %llu hits, %llu misses (hit ratio %.3f), %llu open sequences\n",
@@ -291,6 +293,7 @@ static int cmd_prefix(struct ctl *c)
 	add_int(o, "index_entries", (int64_t)ps.index_entries);
 	add_int(o, "index_valid", (int64_t)ps.index_valid);
 	add_int(o, "index_tombstones", (int64_t)ps.index_tombstones);
+	add_int(o, "index_ghosts", (int64_t)ps.index_ghosts);
 	json_object_object_add(o, "index_load", json_object_new_double(load));
 	add_int(o, "cached_blocks", (int64_t)ps.cached_blocks);
 	add_int(o, "published_blocks", (int64_t)ps.published_blocks);

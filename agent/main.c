@@ -61,6 +61,7 @@ int main(int argc, char **argv)
 	}
 	kva_arena_set_policy(a, c.evict_policy);
 	kva_arena_set_quotas(a, &c.quotas);
+	kva_arena_set_cache_limit(a, c.cache_limit);
 	info = kva_arena_info(a);
 	log_info("arena \"%s\" (%s backend): %u blocks of %llu KiB (%u tokens x %u layers x K,V x "
 		 "%u kv heads x %u x %s, %s), %.1f MiB data%s, %u worker slots, worker cache %u",
@@ -72,9 +73,9 @@ int main(int argc, char **argv)
 		 (double)info->layout.data_bytes / (1 << 20),
 		 info->hugetlb ? " on huge pages" : c.hugepages ? " (no huge pages free: ordinary pages)" : "",
 		 info->max_workers, info->cache_blocks);
-	log_info("prefix cache: index of %llu entries, eviction policy %s",
-		 (unsigned long long)info->index_entries,
-		 kva_evict_policy_name(c.evict_policy));
+	log_info("prefix cache: index of %llu entries, eviction policy %s, %s%u blocks at most",
+		 (unsigned long long)info->index_entries, kva_evict_policy_name(c.evict_policy),
+		 c.cache_limit ? "" : "no limit: ", c.cache_limit ? c.cache_limit : info->blocks);
 	if (!info->cache_blocks && !c.worker_cache)
 		log_info("no worker caches: %u blocks are too few for one (1/64 of the arena, 8 "
 			 "at least); every allocation goes to the shared pool", info->blocks);

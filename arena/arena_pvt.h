@@ -97,6 +97,14 @@ struct kva__pool {
 	alignas(64) _Atomic uint32_t policy;
 	alignas(64) _Atomic uint32_t hand;
 	alignas(64) _Atomic uint64_t tick;
+	_Atomic uint64_t evictions;  /* eviction number: ghosts' age */
+	/* published blocks (cached or held): +1 by a publisher before it
+	 * publishes, -1 by an evictor after it takes one; a worker killed
+	 * between leaves it one too high. cache_limit (0: none) caps it:
+	 * kva_arena_set_cache_limit. */
+	_Atomic uint64_t published;
+	_Atomic uint64_t cache_limit;
+	_Atomic uint64_t threshold;  /* PREFIX: evict cached blocks ranked at or below */
 	/* Quotas (kva_arena_set_quotas), read on reserve. */
 	alignas(64) _Atomic uint32_t quota_kind[KVA_OWNER_KINDS];
 	_Atomic uint32_t quota_tenant[KVA_MAX_TENANT_QUOTAS][2]; /* tenant, blocks */
@@ -225,15 +233,20 @@ static inline uint64_t kva__d_next_free(uint64_t d)
  *   61..48  tag     14 bits of the key: a cheap first compare, and how an
  *                   inserter recognises a BUSY entry for its own key
  *   47..36  epoch   the block's descriptor epoch when published
+ *   32      ghost   TOMB of an evicted block whose key (and, in info, use
+ *                   count and eviction number) is kept: the eviction
+ *                   history the PREFIX policy reads (evict.c)
  *   31..0   block   VALID: the block id; BUSY: the inserting slot
  *
  * key is written between BUSY and VALID (release); a reader that saw VALID
- * reads key, then ctrl again, and trusts the key only if ctrl did not move.
+ * (or a ghost) reads key, then ctrl again, and trusts the key only if ctrl
+ * did not move.
  */
 struct kva__pentry {
 	_Atomic uint64_t ctrl;
 	_Atomic uint64_t key[2];
-	_Atomic uint64_t info; /* parent block + 1 (0: root) | depth << 32: hints */
+	_Atomic uint64_t info; /* VALID: parent block + 1 | depth << 32 (hints);
+				* ghost: uses | eviction number << 8 */
 };
 
 #define KVA__P_EMPTY 0u
@@ -241,6 +254,7 @@ struct kva__pentry {
 #define KVA__P_VALID 2u
 #define KVA__P_TOMB 3u
 #define KVA__P_MAX_PROBE 128u
+#define KVA__P_GHOST (1ull << 32)
 
 static inline uint32_t kva__p_state(uint64_t c) { return (uint32_t)(c >> 62); }
 static inline uint32_t kva__p_tag(uint64_t c) { return (uint32_t)((c >> 48) & 0x3fff); }
@@ -305,6 +319,7 @@ struct kva_worker {
 	uint64_t holder_bit;       /* 1 << slot_id */
 	uint64_t slot_word;        /* our LIVE state word; changes only if reclaimed */
 	uint32_t cursor;           /* the block after our last claim */
+	uint32_t sweep_pos, sweep_left; /* evict.c: our share of the hand not yet seen */
 	uint32_t probe;            /* slow allocs until we try a refill under pressure */
 	uint64_t shares, refills, flushes;
 	/* set by kva_attach: what leaving must also undo (the agent connection,
@@ -395,8 +410,9 @@ struct kva__found {
 bool kva__index_lookup(struct kva_arena *a, const uint64_t key[2], struct kva__found *f,
 		       uint64_t *stale);
 int kva__index_insert(struct kva_worker *w, const uint64_t key[2], uint32_t block,
-		      uint64_t epoch, uint64_t info, uint64_t *pos);
-bool kva__index_remove(struct kva_arena *a, uint64_t pos, uint32_t block, uint64_t epoch);
+		      uint64_t epoch, uint64_t info, uint64_t *pos, uint32_t *uses);
+bool kva__index_remove(struct kva_arena *a, uint64_t pos, uint32_t block, uint64_t epoch,
+		       uint32_t uses, uint64_t evseq);
 void kva__index_reclaim_busy(struct kva_arena *a, uint32_t slot);
 
 /* evict.c */
@@ -404,7 +420,9 @@ uint32_t kva__evict(struct kva_worker *w, uint32_t want, uint32_t *ids);
 uint64_t kva__hint_make(uint64_t tick, uint32_t depth, uint32_t hits);
 void kva__hint_touch(struct kva_arena *a, uint32_t id, uint64_t tick, bool hit);
 void kva__hint_publish(struct kva_arena *a, uint32_t id, uint64_t tick, uint32_t depth,
-		       uint64_t pos);
+		       uint32_t hits, uint64_t pos);
+bool kva__ghost_live(struct kva_arena *a, uint64_t info);
+bool kva__publish_room(struct kva_worker *w);
 
 
 /* A slot whose worker may hold blocks. */

@@ -35,10 +35,12 @@ void kva__meta_layout(uint32_t blocks, uint32_t max_workers, struct kva__meta_la
 	off += (uint64_t)m->l0_words * sizeof(uint64_t);
 	m->l1_off = off = align_up(off, 64);
 	off += (uint64_t)m->l1_words * sizeof(uint64_t);
-	/* the prefix index: at least two entries a block, so that with every
-	 * block published the load stays at or below one half */
+	/* the prefix index: at least four entries a block. Every block
+	 * published and the eviction history the PREFIX policy keeps (the
+	 * keys of the last 2 x blocks evictions, evict.c) fill three quarters
+	 * at most */
 	m->idx_entries = 64;
-	while (m->idx_entries < 2ull * blocks)
+	while (m->idx_entries < 4ull * blocks)
 		m->idx_entries <<= 1;
 	m->idx_off = off = align_up(off, 64);
 	off += m->idx_entries * sizeof(struct kva__pentry);

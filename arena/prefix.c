@@ -180,20 +180,26 @@ static bool earlier_twin(struct kva_arena *a, uint64_t start, uint64_t mine, con
 }
 
 /*
- * kva__index_insert - publish (key -> block at epoch). Return: 0 (entry at
- * *@pos), -EEXIST (the key is there or being inserted), -ENOSPC (no free
- * entry within reach).
+ * kva__index_insert - publish (key -> block at epoch). The entry taken is, by
+ * preference: a live ghost of the same key (its use count comes back in
+ * *@uses: the block was evicted recently and is wanted again), else the
+ * first tombstone, expired ghost or EMPTY entry of the chain, else the
+ * oldest live ghost in reach. Return: 0 (entry at *@pos), -EEXIST (the key
+ * is there or being inserted), -ENOSPC (nothing free within reach).
  */
 int kva__index_insert(struct kva_worker *w, const uint64_t key[2], uint32_t block,
-		      uint64_t epoch, uint64_t info, uint64_t *pos_out)
+		      uint64_t epoch, uint64_t info, uint64_t *pos_out, uint32_t *uses)
 {
 	struct kva_arena *a = w->arena;
 	struct kva__slot *s = w->slot;
 	uint32_t tag = key_tag(key);
 	uint64_t start = key[0] & a->idx_mask;
 
+	*uses = 0;
 	for (int attempt = 0; attempt < 8; attempt++) {
 		uint64_t pos = start, cand = UINT64_MAX, cand_c = 0, c;
+		uint64_t twin = UINT64_MAX, twin_c = 0, old = UINT64_MAX, old_c = 0, old_seq = UINT64_MAX;
+		uint32_t twin_uses = 0;
 
 		for (uint32_t i = 0; i < KVA__P_MAX_PROBE; i++, pos = (pos + 1) & a->idx_mask) {
 			struct kva__pentry *e = &a->idx[pos];
@@ -215,29 +221,58 @@ int kva__index_insert(struct kva_worker *w, const uint64_t key[2], uint32_t bloc
 			case KVA__P_VALID:
 				if (kva__p_tag(c) == tag && read_key(e, c, k) && k[0] == key[0] &&
 				    k[1] == key[1]) {
+					uint64_t t = kva__p_make(KVA__P_TOMB, 0, 0, 0);
+
 					if (!entry_stale(a, c))
 						return -EEXIST;
 					if (atomic_compare_exchange_strong_explicit(
-						    &e->ctrl, &c, kva__p_make(KVA__P_TOMB, 0, 0, 0),
-						    memory_order_relaxed, memory_order_relaxed))
-						c = kva__p_make(KVA__P_TOMB, 0, 0, 0);
-					else
-						break;
-					/* fall through: now a tombstone */
-				} else {
+						    &e->ctrl, &c, t, memory_order_relaxed,
+						    memory_order_relaxed) &&
+					    cand == UINT64_MAX) {
+						cand = pos;
+						cand_c = t;
+					}
+				}
+				break;
+			case KVA__P_TOMB: {
+				uint64_t gi;
+
+				if (!(c & KVA__P_GHOST)) {
+					if (cand == UINT64_MAX) {
+						cand = pos;
+						cand_c = c;
+					}
 					break;
 				}
-				/* fallthrough */
-			case KVA__P_TOMB:
-				if (kva__p_state(c) == KVA__P_TOMB && cand == UINT64_MAX) {
-					cand = pos;
-					cand_c = c;
+				gi = atomic_load_explicit(&e->info, memory_order_relaxed);
+				if (kva__p_tag(c) == tag && twin == UINT64_MAX && read_key(e, c, k) &&
+				    k[0] == key[0] && k[1] == key[1]) {
+					twin = pos;
+					twin_c = c;
+					twin_uses = kva__ghost_live(a, gi) ? (uint32_t)(gi & 0xff) : 0;
+				} else if (!kva__ghost_live(a, gi)) {
+					if (cand == UINT64_MAX) {
+						cand = pos;
+						cand_c = c;
+					}
+				} else if ((gi >> 8) < old_seq) {
+					old = pos;
+					old_c = c;
+					old_seq = gi >> 8;
 				}
 				break;
 			}
+			}
 		}
-		if (cand == UINT64_MAX)
-			return -ENOSPC;
+		if (twin != UINT64_MAX) { /* our own history: its entry */
+			cand = twin;
+			cand_c = twin_c;
+		} else if (cand == UINT64_MAX) {
+			if (old == UINT64_MAX)
+				return -ENOSPC;
+			cand = old; /* forget the oldest history in reach */
+			cand_c = old_c;
+		}
 
 		/* Claim it. The count of our inserts in flight goes up first, so
 		 * that if we die with the entry BUSY, reclaim knows to look. */
@@ -267,20 +302,27 @@ int kva__index_insert(struct kva_worker *w, const uint64_t key[2], uint32_t bloc
 				      memory_order_relaxed);
 		atomic_thread_fence(memory_order_seq_cst);
 		if (earlier_twin(a, start, cand, key)) {
-			kva__index_remove(a, cand, block, epoch);
+			kva__index_remove(a, cand, block, epoch, 0, 0);
 			return -EEXIST;
 		}
 		*pos_out = cand;
+		*uses = cand == twin ? twin_uses : 0;
 		return 0;
 	}
 	return -ENOSPC;
 }
 
-/* kva__index_remove - delete entry @pos if it still names (block, epoch). */
-bool kva__index_remove(struct kva_arena *a, uint64_t pos, uint32_t block, uint64_t epoch)
+/*
+ * kva__index_remove - delete entry @pos if it still names (block, epoch): a
+ * plain tombstone, or with @evseq nonzero a ghost that keeps the key, @uses
+ * and @evseq (written before the CAS: a reader trusts a ghost's info only
+ * after the ctrl word it read says ghost).
+ */
+bool kva__index_remove(struct kva_arena *a, uint64_t pos, uint32_t block, uint64_t epoch,
+		       uint32_t uses, uint64_t evseq)
 {
 	struct kva__pentry *e;
-	uint64_t c;
+	uint64_t c, t;
 
 	if (pos > a->idx_mask)
 		return false;
@@ -289,9 +331,15 @@ bool kva__index_remove(struct kva_arena *a, uint64_t pos, uint32_t block, uint64
 	if (kva__p_state(c) != KVA__P_VALID || kva__p_block(c) != block ||
 	    kva__p_epoch(c) != (epoch & KVA__D_EPOCH_MASK))
 		return false;
-	return atomic_compare_exchange_strong_explicit(&e->ctrl, &c,
-						       kva__p_make(KVA__P_TOMB, 0, 0, 0),
-						       memory_order_relaxed, memory_order_relaxed);
+	t = kva__p_make(KVA__P_TOMB, 0, 0, 0);
+	if (evseq) {
+		atomic_store_explicit(&e->info, (uses > 0xff ? 0xff : uses) | evseq << 8,
+				      memory_order_relaxed);
+		t = kva__p_make(KVA__P_TOMB, kva__p_tag(c), 0, 0) | KVA__P_GHOST;
+	}
+	/* release: the info store before the ghost word */
+	return atomic_compare_exchange_strong_explicit(&e->ctrl, &c, t, memory_order_release,
+						       memory_order_relaxed);
 }
 
 /* kva__index_reclaim_busy - entries a dead slot left BUSY become tombstones. */

@@ -403,6 +403,7 @@ static void publish(struct kva_seq *s, size_t i, const uint64_t key[2])
 	struct kva_arena *a = w->arena;
 	uint32_t id = s->ids[i];
 	uint64_t d, pos, info;
+	uint32_t uses;
 	int ret;
 
 	if (w->c.held[id] != KVA__HELD_EXCL)
@@ -410,18 +411,20 @@ static void publish(struct kva_seq *s, size_t i, const uint64_t key[2])
 	/* ours alone: nobody else writes its descriptor, so it cannot move */
 	d = atomic_load_explicit(&w->desc[id], memory_order_relaxed);
 	info = (i ? (uint64_t)s->ids[i - 1] + 1 : 0) | ((uint64_t)i << 32);
-	ret = kva__index_insert(w, key, id, kva__d_epoch(d), info, &pos);
-	if (ret == -EEXIST) {
-		sc_add(w, KVA__SC_DUPLICATES, 1);
-		return;
-	}
-	if (ret < 0) {
+	if (!kva__publish_room(w)) {
 		sc_add(w, KVA__SC_INDEX_FULL, 1);
 		return;
 	}
+	ret = kva__index_insert(w, key, id, kva__d_epoch(d), info, &pos, &uses);
+	if (ret < 0) {
+		atomic_fetch_sub_explicit(&a->pool->published, 1, memory_order_relaxed);
+		sc_add(w, ret == -EEXIST ? KVA__SC_DUPLICATES : KVA__SC_INDEX_FULL, 1);
+		return;
+	}
 	KVA__CRASH_POINT(KVA__CP_PUBLISH_INDEXED);
+	/* a key evicted not long ago and wanted again counts as used before */
 	kva__hint_publish(a, id, atomic_load_explicit(&a->pool->tick, memory_order_relaxed),
-			  (uint32_t)i, pos);
+			  (uint32_t)i, uses, pos);
 	/* release: the block's bytes and its meta before any matcher's acquire */
 	atomic_store_explicit(&w->desc[id],
 			      kva__d_make(KVA__D_SHARED, kva__d_epoch(d), w->holder_bit) | KVA__D_PUB,

@@ -82,8 +82,13 @@ int kva_arena_prefix_stats(struct kva_arena *a, struct kva_prefix_stats *st)
 		uint32_t state = kva__p_state(atomic_load_explicit(&a->idx[pos].ctrl,
 								   memory_order_relaxed));
 
+		uint64_t c = atomic_load_explicit(&a->idx[pos].ctrl, memory_order_relaxed);
+
 		st->index_valid += state == KVA__P_VALID;
-		st->index_tombstones += state == KVA__P_TOMB;
+		st->index_tombstones += state == KVA__P_TOMB && !(c & KVA__P_GHOST);
+		st->index_ghosts += state == KVA__P_TOMB && (c & KVA__P_GHOST) &&
+				    kva__ghost_live(a, atomic_load_explicit(&a->idx[pos].info,
+									   memory_order_relaxed));
 	}
 	for (uint32_t id = 0; id < a->blocks; id++) {
 		uint64_t d = atomic_load_explicit(&a->desc[id], memory_order_relaxed);
@@ -113,6 +118,8 @@ int kva_arena_prefix_stats(struct kva_arena *a, struct kva_prefix_stats *st)
 	st->evictions = sc[KVA__SC_EVICTIONS];
 	st->stale_entries = sc[KVA__SC_STALE];
 	st->index_full = sc[KVA__SC_INDEX_FULL];
+	st->published_now = atomic_load_explicit(&a->pool->published, memory_order_relaxed);
+	st->cache_limit = atomic_load_explicit(&a->pool->cache_limit, memory_order_relaxed);
 	for (unsigned k = 0; k < KVA_OWNER_KINDS; k++)
 		st->quotas.kind[k] = atomic_load_explicit(&a->pool->quota_kind[k],
 							  memory_order_relaxed);

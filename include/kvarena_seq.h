@@ -141,6 +141,10 @@ struct kva_quotas {
  * reserving at the same instant may overshoot it by at most one request each.
  */
 int kva_arena_set_policy(struct kva_arena *a, enum kva_evict_policy p);
+/* At most @blocks published blocks (cached or held) at once, 0 = no limit: a
+ * publication past it first evicts a cached block (freed), or is skipped if
+ * none can be. The prefix cache's share of the arena (agent --cache-limit). */
+int kva_arena_set_cache_limit(struct kva_arena *a, uint64_t blocks);
 int kva_arena_set_quotas(struct kva_arena *a, const struct kva_quotas *q);
 
 /* What ops tools read (kvarena-ctl prefix / seqs). */
@@ -149,13 +153,17 @@ struct kva_prefix_stats {
 	uint64_t index_entries;       /* capacity */
 	uint64_t index_valid;         /* entries naming a block */
 	uint64_t index_tombstones;
+	uint64_t index_ghosts;        /* keys of recent evictions kept as history */
 	uint64_t cached_blocks;       /* published, no holder: evictable */
 	uint64_t published_blocks;    /* published and held */
 	uint64_t hits, misses;        /* full blocks matched / not matched by kva_seq_match */
 	uint64_t published, duplicates; /* blocks published / lost a publication race */
 	uint64_t evictions;           /* cached blocks taken by allocation under pressure */
 	uint64_t stale_entries;       /* index entries removed because their block changed */
-	uint64_t index_full;          /* publications skipped: no free entry in reach */
+	uint64_t index_full;          /* publications skipped: no free entry in reach, or
+				       * the cache limit reached with nothing evictable */
+	uint64_t published_now;       /* the count the cache limit applies to */
+	uint64_t cache_limit;
 	uint64_t open_seqs;
 	uint64_t kind_blocks[KVA_OWNER_KINDS];   /* blocks held by sequences, by owner kind */
 	struct kva_quotas quotas;
