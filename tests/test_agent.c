@@ -727,6 +727,69 @@ static void test_systemd_is_told_ready_and_stopping(void **state)
 	assert_true(strstr(got, "READY=1") < strstr(got, "STOPPING=1"));
 }
 
+/* the prefix cache through the agent: flags, kvarena-ctl prefix / seqs / status */
+static void test_prefix_cache_flags_and_ctl(void **state)
+{
+	static const char *const args[] = { "--blocks", "64", "--evict-policy", "clock",
+					     "--cache-limit", "8", "--quota-inference", "40",
+					     "--tenant-quota", "7:20", NULL };
+	struct kva_seq_opts o = { .kind = KVA_OWNER_INFERENCE, .model = "m", .tenant = 7 };
+	struct json_object *j, *v, *q;
+	struct tu_agent ag;
+	struct kva_worker *w;
+	struct kva_seq *s, *s2;
+	int32_t tok[12 * 16];
+	size_t m;
+	char out[8192];
+	const char *prefix[] = { ctl_path, "--socket", NULL, "--json", "prefix", NULL };
+	const char *seqs[] = { ctl_path, "--socket", NULL, "--json", "seqs", NULL };
+
+	(void)state;
+	start(&ag, args);
+	prefix[2] = seqs[2] = ag.socket;
+	assert_int_equal(kva_attach(ag.socket, "engine", &w), 0);
+	for (int i = 0; i < 12 * 16; i++)
+		tok[i] = i * 3 + 1;
+	/* tenant 7 may hold 20 blocks */
+	assert_int_equal(kva_seq_open(w, &o, &s), 0);
+	assert_int_equal(kva_seq_reserve(s, 21 * 16), -EDQUOT);
+	/* 12 full blocks; the cache limit keeps 8 of them published */
+	assert_int_equal(kva_seq_append(s, tok, 12 * 16), 0);
+	assert_int_equal(tu_run(seqs, out, sizeof(out)), 0);
+	j = json_tokener_parse(out);
+	assert_non_null(j);
+	assert_int_equal(jint(j, "open_seqs"), 1);
+	assert_int_equal(jint(j, "inference"), 12);
+	json_object_put(j);
+	kva_seq_close(s);
+	assert_int_equal(kva_seq_open(w, &o, &s2), 0);
+	assert_int_equal(kva_seq_match(s2, tok, 12 * 16, &m), 0);
+	assert_int_equal(m, 8 * 16);
+	kva_seq_close(s2);
+
+	assert_int_equal(tu_run(prefix, out, sizeof(out)), 0);
+	j = json_tokener_parse(out);
+	assert_non_null(j);
+	assert_int_equal(json_object_object_get_ex(j, "policy", &v), 1);
+	assert_string_equal(json_object_get_string(v), "clock");
+	assert_int_equal(jint(j, "published"), 8);
+	assert_int_equal(jint(j, "index_full"), 4);
+	assert_int_equal(jint(j, "hits"), 8);
+	assert_int_equal(jint(j, "misses"), 4);
+	assert_int_equal(jint(j, "cached_blocks"), 8);
+	assert_int_equal(json_object_object_get_ex(j, "quotas", &q), 1);
+	assert_int_equal(jint(q, "inference"), 40);
+	json_object_put(j);
+	j = ctl_status(&ag);
+	assert_int_equal(jint(j, "prefix_hits"), 8);
+	assert_int_equal(jint(j, "prefix_misses"), 4);
+	assert_int_equal(jint(j, "prefix_cached_blocks"), 8);
+	assert_int_equal(jint(j, "evictions"), 0);
+	json_object_put(j);
+	kva_detach(w);
+	stop_cleanly(&ag);
+}
+
 int main(int argc, char **argv)
 {
 	const struct CMUnitTest tests[] = {
@@ -741,6 +804,7 @@ int main(int argc, char **argv)
 		cmocka_unit_test(test_bad_flags_are_refused_by_name),
 		cmocka_unit_test(test_a_config_file_sets_the_same_keys),
 		cmocka_unit_test(test_observers_are_read_only),
+		cmocka_unit_test(test_prefix_cache_flags_and_ctl),
 		cmocka_unit_test(test_workers_keep_working_when_the_agent_dies),
 		cmocka_unit_test(test_corrupt_shared_memory_is_logged_and_skipped),
 		cmocka_unit_test(test_systemd_is_told_ready_and_stopping),
