@@ -11,6 +11,9 @@
 # others go on; at the end the demo checks that nothing was lost, and the
 # agent is stopped with SIGTERM and must exit cleanly. The exit status is 0
 # only if every check passed and the agent stopped cleanly.
+# Then it replays the Mooncake synthetic trace through kvarena-replay (its own
+# agent, 4 worker processes) with each eviction policy and prints the prefix
+# hit ratios next to LRU's and Belady's on the same trace.
 # `scripts/demo.sh --help` lists the demo's options.
 set -uo pipefail
 cd "$(dirname "$0")/.." || exit 1
@@ -105,4 +108,20 @@ else
 fi
 echo "== kvarena-agent's log"
 agent_show_log
+
+# The prefix cache: the shared trace replayed through a kvarena-agent of the
+# replay's own (sized at 10% of the trace's unique blocks) by 4 worker
+# processes, with each eviction policy, against LRU and Belady on the same
+# trace at the same capacity.
+replay=$dir/tests/replay/kvarena-replay
+for policy in prefix clock; do
+	echo
+	echo "== $replay --trace tests/replay/traces/synthetic_trace.jsonl --capacity-fraction 0.1" \
+		"--workers 4 --policy $policy"
+	if ! "$replay" --trace tests/replay/traces/synthetic_trace.jsonl --capacity-fraction 0.1 \
+		--workers 4 --policy "$policy" --agent "$agent"; then
+		echo "demo.sh: kvarena-replay failed" >&2
+		status=1
+	fi
+done
 exit "$status"
