@@ -268,7 +268,7 @@ int kva_arena_map_print(struct kva_arena *a, FILE *f, uint32_t width, uint32_t r
 	for (int off = 0; off < n; off += (int)width)
 		fprintf(f, "  %.*s\n", (int)width, map + off);
 	free(map);
-	fprintf(f, "  legend: . free  # shared  ! corrupt or stale%s\n",
+	fprintf(f, "  legend: . free  # shared  + cached prefix  ! corrupt or stale%s\n",
 		(uint32_t)n < a->blocks ? "  (one character per run of blocks, its most common state)"
 					: "");
 	for (uint32_t s = 0; s < a->max_workers; s++) {
