@@ -18,7 +18,9 @@
  * written again.
  *
  * A sequence belongs to the worker (and thread) that opened it; sequences of
- * one worker must not be used from two threads at once.
+ * one worker must not be used from two threads at once. Close every sequence
+ * before kva_worker_leave / kva_detach: leaving gives back what they hold,
+ * and the sequence handles then name a worker that is gone.
  */
 #ifndef KVARENA_SEQ_H
 #define KVARENA_SEQ_H
