@@ -20,7 +20,7 @@
  *   prefix   {"policy","index_entries","index_valid","index_tombstones",
  *             "index_ghosts","index_load","cached_blocks","published_blocks","hits","misses",
  *             "hit_ratio","published","duplicates","evictions":{"pressure",
- *             "stale_entries"},"index_full","open_seqs","usage":{"inference",
+ *             "stale_entries"},"index_full","published_now","cache_limit","open_seqs","usage":{"inference",
  *             "training","pinned"},"quotas":{"inference","training","pinned",
  *             "tenants":[{"tenant","blocks","used"}]}}
  *   seqs     one object a worker: {"slot","name","pid","open_seqs","inference",
@@ -270,8 +270,10 @@ static int cmd_prefix(struct ctl *c)
 		       (unsigned long long)ps.hits, (unsigned long long)ps.misses, ratio,
 		       (unsigned long long)ps.open_seqs);
 		printf("publish  %llu published, %llu lost a race to the same block, %llu skipped "
-		       "(index full)\n", (unsigned long long)ps.published,
-		       (unsigned long long)ps.duplicates, (unsigned long long)ps.index_full);
+		       "(index or cache limit full); %llu published now, limit %llu (0: none)\n",
+		       (unsigned long long)ps.published, (unsigned long long)ps.duplicates,
+		       (unsigned long long)ps.index_full, (unsigned long long)ps.published_now,
+		       (unsigned long long)ps.cache_limit);
 		printf("evicted  %llu under allocation pressure (policy %s); %llu stale entries "
 		       "removed\n", (unsigned long long)ps.evictions,
 		       kva_evict_policy_name(ps.policy), (unsigned long long)ps.stale_entries);
@@ -307,6 +309,8 @@ static int cmd_prefix(struct ctl *c)
 	add_int(ev, "stale_entries", (int64_t)ps.stale_entries);
 	json_object_object_add(o, "evictions", ev);
 	add_int(o, "index_full", (int64_t)ps.index_full);
+	add_int(o, "published_now", (int64_t)ps.published_now);
+	add_int(o, "cache_limit", (int64_t)ps.cache_limit);
 	add_int(o, "open_seqs", (int64_t)ps.open_seqs);
 	use = json_object_new_object();
 	q = json_object_new_object();

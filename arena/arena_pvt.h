@@ -90,14 +90,17 @@ struct kva__pool {
 	 */
 	_Atomic uint32_t agent_state;
 	_Atomic int32_t agent_pid;
-	/* Eviction (evict.c): the policy (written by the creator, read on slow
-	 * paths), the clock hand (fetch_add by evictors), the logical clock
-	 * (fetch_add once per sequence opened). All relaxed: hints, none of
-	 * them orders a block's data. */
+	/* Eviction (evict.c). policy: written by the arena's creator (the
+	 * agent), read on slow paths. hand: fetch_add by evictors, SWEEP ids
+	 * at a time. tick: fetch_add by each sequence's close. evictions:
+	 * fetch_add by each eviction: the age of ghosts. threshold (below):
+	 * stored by whichever evictor last computed it, read by all. All
+	 * relaxed: hints that order no block's data; a worker killed anywhere
+	 * leaves each a valid value (a skipped number, a stale threshold). */
 	alignas(64) _Atomic uint32_t policy;
 	alignas(64) _Atomic uint32_t hand;
 	alignas(64) _Atomic uint64_t tick;
-	_Atomic uint64_t evictions;  /* eviction number: ghosts' age */
+	_Atomic uint64_t evictions;
 	/* published blocks (cached or held): +1 by a publisher before it
 	 * publishes, -1 by an evictor after it takes one; a worker killed
 	 * between leaves it one too high. cache_limit (0: none) caps it:
@@ -320,6 +323,7 @@ struct kva_worker {
 	uint64_t slot_word;        /* our LIVE state word; changes only if reclaimed */
 	uint32_t cursor;           /* the block after our last claim */
 	uint32_t sweep_pos, sweep_left; /* evict.c: our share of the hand not yet seen */
+	uint64_t *ranks;           /* evict.c: ranks a threshold is computed from */
 	uint32_t probe;            /* slow allocs until we try a refill under pressure */
 	uint64_t shares, refills, flushes;
 	/* set by kva_attach: what leaving must also undo (the agent connection,
@@ -417,7 +421,6 @@ void kva__index_reclaim_busy(struct kva_arena *a, uint32_t slot);
 
 /* evict.c */
 uint32_t kva__evict(struct kva_worker *w, uint32_t want, uint32_t *ids);
-uint64_t kva__hint_make(uint64_t tick, uint32_t depth, uint32_t hits);
 void kva__hint_touch(struct kva_arena *a, uint32_t id, uint64_t tick, bool hit);
 void kva__hint_publish(struct kva_arena *a, uint32_t id, uint64_t tick, uint32_t depth,
 		       uint32_t hits, uint64_t pos);

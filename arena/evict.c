@@ -123,7 +123,7 @@ bool kva__publish_room(struct kva_worker *w)
 #define H_TICK_SHIFT 24
 #define H_DEPTH_SHIFT 8
 
-uint64_t kva__hint_make(uint64_t tick, uint32_t depth, uint32_t hits)
+static uint64_t hint_make(uint64_t tick, uint32_t depth, uint32_t hits)
 {
 	return (tick << H_TICK_SHIFT) | ((uint64_t)(depth > 0xffff ? 0xffff : depth) << H_DEPTH_SHIFT) |
 	       (hits > 0xff ? 0xff : hits);
@@ -135,7 +135,7 @@ static uint32_t hint_hits(uint64_t h) { return (uint32_t)h & 0xff; }
 void kva__hint_publish(struct kva_arena *a, uint32_t id, uint64_t tick, uint32_t depth,
 		       uint32_t hits, uint64_t pos)
 {
-	atomic_store_explicit(&a->bmeta[id].hint, kva__hint_make(tick, depth, hits),
+	atomic_store_explicit(&a->bmeta[id].hint, hint_make(tick, depth, hits),
 			      memory_order_relaxed);
 	atomic_store_explicit(&a->bmeta[id].entry, pos + 1, memory_order_relaxed);
 }
@@ -147,7 +147,7 @@ void kva__hint_touch(struct kva_arena *a, uint32_t id, uint64_t tick, bool hit)
 
 	/* a racing toucher may lose an update: a hint, not a count */
 	atomic_store_explicit(&a->bmeta[id].hint,
-			      kva__hint_make(tick > hint_tick(h) ? tick : hint_tick(h), hint_depth(h),
+			      hint_make(tick > hint_tick(h) ? tick : hint_tick(h), hint_depth(h),
 					     hits),
 			      memory_order_relaxed);
 }
@@ -261,7 +261,7 @@ static int cmp_u64(const void *x, const void *y)
 static uint32_t evict_prefix(struct kva_worker *w, uint32_t want, uint32_t *ids)
 {
 	struct kva_arena *a = w->arena;
-	uint64_t *ranks = NULL, thr = atomic_load_explicit(&a->pool->threshold, memory_order_relaxed);
+	uint64_t thr = atomic_load_explicit(&a->pool->threshold, memory_order_relaxed);
 	uint32_t got = 0, n = 0, scanned = 0, limit = a->blocks < RANKS ? a->blocks : RANKS;
 	uint32_t resets = 0;
 
@@ -277,22 +277,22 @@ static uint32_t evict_prefix(struct kva_worker *w, uint32_t want, uint32_t *ids)
 				scanned = n = resets = 0;
 				continue;
 			}
-			if (!ranks && !(ranks = malloc(sizeof(*ranks) * limit)))
+			/* once per worker, not per eviction: RANKS at most */
+			if (!w->ranks && !(w->ranks = malloc(sizeof(*w->ranks) * RANKS)))
 				return got; /* no memory for the threshold: what we have */
 			if (n < limit)
-				ranks[n++] = r;
+				w->ranks[n++] = r;
 		}
 		if (scanned < limit)
 			continue;
 		/* a stretch without a victim: a new threshold from its ranks */
 		if (!n || ++resets > 4)
 			break; /* nothing cached (or every victim taken under us) */
-		qsort(ranks, n, sizeof(*ranks), cmp_u64);
-		thr = ranks[(n - 1) / QUANTILE];
+		qsort(w->ranks, n, sizeof(*w->ranks), cmp_u64);
+		thr = w->ranks[(n - 1) / QUANTILE];
 		atomic_store_explicit(&a->pool->threshold, thr, memory_order_relaxed);
 		scanned = n = 0;
 	}
-	free(ranks);
 	return got;
 }
 

@@ -239,6 +239,7 @@ void kva_worker_leave(struct kva_worker *w)
 		w->on_leave(w, w->on_leave_ctx);
 	free(w->c.ids);
 	free(w->c.held);
+	free(w->ranks);
 	free(w);
 }
 

@@ -178,45 +178,6 @@ static int parse_args(int argc, char **argv, struct opts *o)
 	return 0;
 }
 
-static int cmp_u32(const void *a, const void *b)
-{
-	uint32_t x = *(const uint32_t *)a, y = *(const uint32_t *)b;
-
-	return x < y ? -1 : x > y;
-}
-
-/* keep the first @n requests; recount the full blocks */
-static int trace_truncate(struct rp_trace *t, size_t n)
-{
-	uint32_t *all;
-	size_t k = 0;
-
-	for (size_t i = n; i < t->n; i++)
-		free(t->req[i].hash_ids);
-	t->n = n;
-	t->total_full = 0;
-	for (size_t i = 0; i < n; i++) {
-		size_t f = (size_t)t->req[i].input_len / TRACE_BLOCK;
-
-		t->total_full += f < t->req[i].n_hash ? f : t->req[i].n_hash;
-	}
-	all = malloc(sizeof(*all) * (t->total_full + 1));
-	if (!all)
-		return -ENOMEM;
-	for (size_t i = 0; i < n; i++) {
-		size_t f = (size_t)t->req[i].input_len / TRACE_BLOCK;
-
-		for (size_t j = 0; j < f && j < t->req[i].n_hash; j++)
-			all[k++] = t->req[i].hash_ids[j];
-	}
-	qsort(all, k, sizeof(*all), cmp_u32);
-	t->unique_full = 0;
-	for (size_t i = 0; i < k; i++)
-		t->unique_full += !i || all[i] != all[i - 1];
-	free(all);
-	return 0;
-}
-
 static double now_s(void)
 {
 	struct timespec t;
@@ -437,7 +398,12 @@ int main(int argc, char **argv)
 		return 1;
 	}
 	if (o.limit && o.limit < t.n)
-		trace_truncate(&t, o.limit);
+		ret = rp_trace_truncate(&t, o.limit);
+	if (ret < 0) {
+		fprintf(stderr, "kvarena-replay: --limit: %s\n", strerror(-ret));
+		rp_trace_free(&t);
+		return 1;
+	}
 	if (!t.n || !t.unique_full) {
 		fprintf(stderr, "kvarena-replay: the trace has no full block\n");
 		rp_trace_free(&t);

@@ -135,6 +135,16 @@ static int trace_count(struct rp_trace *t)
 	return 0;
 }
 
+int rp_trace_truncate(struct rp_trace *t, size_t n)
+{
+	if (n >= t->n)
+		return 0;
+	for (size_t i = n; i < t->n; i++)
+		free(t->req[i].hash_ids);
+	t->n = n;
+	return trace_count(t);
+}
+
 void rp_trace_free(struct rp_trace *t)
 {
 	if (!t)

@@ -54,6 +54,9 @@ struct rp_trace {
  */
 int rp_trace_load(const char *path, struct rp_trace *t, char *err, size_t errlen);
 
+/* rp_trace_truncate - keep the first @n requests, counts redone. 0 or -ENOMEM. */
+int rp_trace_truncate(struct rp_trace *t, size_t n);
+
 /* rp_trace_free - release what rp_trace_load or rp_trace_gen_* gave @t; zeroes it. */
 void rp_trace_free(struct rp_trace *t);
 
