@@ -335,8 +335,10 @@ struct kva_worker {
 /*
  * Crash points: in the test build of the library (KVA_CRASH_POINTS), a test
  * process can make itself die by SIGKILL the n-th time it passes one of these
- * places, each the middle of a multi-step change to shared memory. In the
- * real library they compile to nothing.
+ * places, each the middle of a multi-step change to shared memory, or have a
+ * function of its own called there (to stop the process or hold the thread
+ * while another does something in between). In the real library they
+ * compile to nothing.
  */
 enum kva__crash_point {
 	KVA__CP_NONE = 0,
@@ -354,11 +356,16 @@ enum kva__crash_point {
 	KVA__CP_PUBLISH_INDEXED,  /* entry VALID, the block not yet PUB */
 	KVA__CP_MATCH_JOINED,     /* holder bit of a matched block set, held[] not yet */
 	KVA__CP_EVICT_TAKEN,      /* cached block taken, its index entry not yet removed */
+	KVA__CP_MATCH_LOOKED_UP,  /* index entry found, its block not yet joined */
+	KVA__CP_PUBLISH_COUNTED,  /* room for a publication counted, nothing indexed yet */
 	KVA__CP_COUNT
 };
 #ifdef KVA_CRASH_POINTS
 void kva__crash_point(enum kva__crash_point p);
 void kva__crash_arm(enum kva__crash_point p, uint32_t nth);
+/* @fn(@p, @arg) each time any thread of this process passes @p; NULL: none */
+typedef void kva__crash_hook_fn(enum kva__crash_point p, void *arg);
+void kva__crash_hook(enum kva__crash_point p, kva__crash_hook_fn *fn, void *arg);
 #define KVA__CRASH_POINT(p) kva__crash_point(p)
 #else
 #define KVA__CRASH_POINT(p) ((void)0)

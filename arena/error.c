@@ -35,6 +35,10 @@ const char *kva_errmsg(void)
 
 static enum kva__crash_point armed;
 static uint32_t countdown;
+/* set by a test before the threads that pass the point run */
+static _Atomic(kva__crash_hook_fn *) hook_fn;
+static void *_Atomic hook_arg;
+static _Atomic int hook_point;
 
 void kva__crash_arm(enum kva__crash_point p, uint32_t nth)
 {
@@ -42,8 +46,19 @@ void kva__crash_arm(enum kva__crash_point p, uint32_t nth)
 	countdown = nth;
 }
 
+void kva__crash_hook(enum kva__crash_point p, kva__crash_hook_fn *fn, void *arg)
+{
+	atomic_store(&hook_point, (int)p);
+	atomic_store(&hook_arg, arg);
+	atomic_store(&hook_fn, fn);
+}
+
 void kva__crash_point(enum kva__crash_point p)
 {
+	kva__crash_hook_fn *fn = atomic_load(&hook_fn);
+
+	if (fn && (int)p == atomic_load(&hook_point))
+		fn(p, atomic_load(&hook_arg));
 	if (p == armed && countdown && --countdown == 0)
 		raise(SIGKILL);
 }

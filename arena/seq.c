@@ -301,7 +301,10 @@ int kva_seq_match(struct kva_seq *s, const int32_t *tokens, size_t n, size_t *ma
 		uint64_t k[2];
 
 		kva_prefix_hash(m ? key : NULL, s->salt, tokens + m * bt, bt, k);
-		if (!kva__index_lookup(a, k, &f, &stale) || !join(s, &f))
+		if (!kva__index_lookup(a, k, &f, &stale))
+			break;
+		KVA__CRASH_POINT(KVA__CP_MATCH_LOOKED_UP);
+		if (!join(s, &f))
 			break;
 		got[m] = kva__p_block(f.ctrl);
 		kva__hint_touch(a, got[m], tick, true);
@@ -415,6 +418,7 @@ static void publish(struct kva_seq *s, size_t i, const uint64_t key[2])
 		sc_add(w, KVA__SC_INDEX_FULL, 1);
 		return;
 	}
+	KVA__CRASH_POINT(KVA__CP_PUBLISH_COUNTED);
 	ret = kva__index_insert(w, key, id, kva__d_epoch(d), info, &pos, &uses);
 	if (ret < 0) {
 		atomic_fetch_sub_explicit(&a->pool->published, 1, memory_order_relaxed);

@@ -9,6 +9,7 @@
  * KVA_TEST_KILLS sets the number of kills (default 600).
  */
 #include <errno.h>
+#include <pthread.h>
 #include <setjmp.h>
 #include <signal.h>
 #include <stdarg.h>
@@ -212,9 +213,89 @@ static void test_sigkill_at_random_moments_loses_nothing(void **state)
 	kva_arena_close(a);
 }
 
+static void *sleep_forever(void *arg)
+{
+	(void)arg;
+	for (;;)
+		pause();
+	return NULL;
+}
+
+/* /proc/<pid>/stat's state letter, or '?' */
+static char proc_state(pid_t pid)
+{
+	char path[64], buf[512], *p;
+	FILE *f;
+
+	snprintf(path, sizeof(path), "/proc/%d/stat", (int)pid);
+	if (!(f = fopen(path, "r")))
+		return '?';
+	p = fgets(buf, sizeof(buf), f) ? strrchr(buf, ')') : NULL;
+	fclose(f);
+	return p && p[1] == ' ' ? p[2] : '?';
+}
+
+/*
+ * A process whose main thread called pthread_exit while another thread runs
+ * is alive, though /proc shows its leader as a zombie: reclaim refuses its
+ * slot and the check does not count it dead. Once it is killed, reclaim
+ * takes everything back.
+ */
+static void test_live_process_whose_main_thread_exited_is_not_reclaimed(void **state)
+{
+	struct kva_arena *a = tu_arena(256, 8, 4);
+	struct kva_check_report cr;
+	struct kva_stats st;
+	int ready[2], slot;
+	char c;
+	pid_t pid;
+
+	(void)state;
+	assert_non_null(a);
+	assert_int_equal(pipe(ready), 0);
+	pid = tu_fork();
+	if (pid == 0) {
+		struct kva_worker *w;
+		uint32_t ids[40];
+		pthread_t th;
+
+		close(ready[0]);
+		if (kva_worker_join(a, "half-exited", &w) || kva_alloc(w, 40, ids) ||
+		    pthread_create(&th, NULL, sleep_forever, NULL))
+			_exit(1);
+		if (write(ready[1], "r", 1) != 1)
+			_exit(1);
+		pthread_exit(NULL); /* the process lives on in sleep_forever */
+	}
+	close(ready[1]);
+	assert_int_equal(read(ready[0], &c, 1), 1);
+	close(ready[0]);
+	for (int i = 0; i < 500 && proc_state(pid) != 'Z'; i++)
+		usleep(10000);
+	assert_int_equal(proc_state(pid), 'Z');
+	slot = tu_slot_of(a, pid);
+	assert_true(slot >= 0);
+
+	assert_int_equal(kva_arena_reclaim(a, (uint32_t)slot, NULL), -EBUSY);
+	kva_arena_check(a, &cr);
+	assert_int_equal(cr.dead_slots, 0);
+	assert_int_equal(kva_arena_stats(a, &st), 0);
+	assert_int_equal(st.slots[slot].state, KVA_SLOT_LIVE);
+	assert_int_equal(st.slots[slot].owned, 40);
+
+	kill(pid, SIGKILL);
+	assert_int_equal(waitpid(pid, NULL, 0), pid);
+	assert_int_equal(kva_arena_reclaim(a, (uint32_t)slot, NULL), 0);
+	assert_int_equal(kva_arena_check(a, &cr), 0);
+	assert_int_equal(kva_arena_stats(a, &st), 0);
+	assert_int_equal(st.free_blocks, 256);
+	kva_arena_close(a);
+}
+
 int main(void)
 {
 	const struct CMUnitTest tests[] = {
+		cmocka_unit_test(test_live_process_whose_main_thread_exited_is_not_reclaimed),
 		cmocka_unit_test(test_sigkill_at_random_moments_loses_nothing),
 	};
 

@@ -314,6 +314,117 @@ static void test_eviction_under_pressure(void **state)
 	}
 }
 
+/*
+ * -ENOSPC means nothing is evictable: in an arena larger than the ranks a
+ * PREFIX threshold is computed from (8192), with its one cached block far
+ * from the hand, and with the hand just past it, both policies find it.
+ */
+static void test_eviction_finds_a_cached_block_anywhere(void **state)
+{
+	static const enum kva_evict_policy pol[] = { KVA_EVICT_PREFIX, KVA_EVICT_CLOCK };
+	const uint32_t blocks = 20000, victims[] = { 15000, 19999, 3 };
+	struct kva_geometry g = { .block_tokens = BT, .layers = 1, .kv_heads = 1, .head_dim = 8,
+				  .dtype = KVA_F16, .layout = KVA_LAYOUT_BLOCK_MAJOR };
+	struct kva_arena_opts ao = { .blocks = blocks, .cache_blocks = KVA_CACHE_NONE,
+				     .max_workers = 2, .numa_node = -1, .name = "wide" };
+	uint32_t *ids = malloc(blocks * sizeof(*ids));
+
+	(void)state;
+	for (unsigned k = 0; k < 2; k++) {
+		struct kva_arena *a;
+		struct kva_worker *w;
+
+		assert_int_equal(kva_arena_create(&g, &ao, &a), 0);
+		assert_int_equal(kva_arena_set_policy(a, pol[k]), 0);
+		assert_int_equal(kva_worker_join(a, "a", &w), 0);
+		assert_int_equal(kva_alloc(w, blocks, ids), 0);
+		for (unsigned v = 0; v < 3; v++) {
+			int32_t t[BT];
+			struct kva_seq *s;
+			const uint32_t *tbl;
+			size_t nb, nt;
+			uint32_t x;
+
+			/* the hand where the last eviction left it: past the victim
+			 * for the last one */
+			assert_int_equal(kva_free(w, &victims[v], 1), 0);
+			make_tokens(900 + v, BT, t);
+			assert_int_equal(kva_seq_open(w, &infer, &s), 0);
+			assert_int_equal(kva_seq_reserve(s, BT), 0);
+			kva_seq_block_table(s, &tbl, &nb, &nt);
+			assert_int_equal(tbl[0], victims[v]);
+			assert_int_equal(kva_seq_append(s, t, BT), 0);
+			kva_seq_close(s);
+			if (kva_alloc(w, 1, &x))
+				fail_msg("%s, cached block %u: %s", kva_evict_policy_name(pol[k]),
+					 victims[v], kva_errmsg());
+			assert_int_equal(x, victims[v]);
+			/* and now nothing is: -ENOSPC */
+			assert_int_equal(kva_alloc(w, 1, &x), -ENOSPC);
+		}
+		check_arena(a);
+		assert_int_equal(kva_free(w, ids, blocks), 0);
+		kva_worker_leave(w);
+		kva_arena_close(a);
+	}
+	free(ids);
+}
+
+/*
+ * Sizes whose arithmetic overflows are refused with a clear error, and
+ * nothing changes: reserve and append of SIZE_MAX-ish token counts, a match
+ * told of SIZE_MAX tokens.
+ */
+static void test_sizes_that_overflow_are_refused(void **state)
+{
+	struct kva_arena *a = tu_arena(64, 8, 2);
+	struct kva_worker *w;
+	struct kva_seq *s;
+	struct kva_stats st;
+	int32_t t[2 * BT];
+	const uint32_t *ids;
+	size_t nb, nt, m = 7;
+	int ret;
+
+	(void)state;
+	assert_int_equal(kva_worker_join(a, "a", &w), 0);
+	make_tokens(5, 2 * BT, t);
+	assert_int_equal(kva_seq_open(w, &infer, &s), 0);
+	/* an empty sequence: a match that is told of SIZE_MAX tokens reads no
+	 * further than its first miss and allocates nothing for the rest */
+	assert_int_equal(kva_seq_match(s, t, SIZE_MAX, &m), 0);
+	assert_int_equal(m, 0);
+	for (size_t n = SIZE_MAX; n > SIZE_MAX - 2 * BT; n--) {
+		ret = kva_seq_reserve(s, n);
+		if (ret != -EFBIG && ret != -ENOSPC)
+			fail_msg("reserve of %zu tokens: %d (%s)", n, ret, kva_errmsg());
+		assert_true(kva_errmsg()[0] != '\0');
+		kva_seq_block_table(s, &ids, &nb, &nt);
+		assert_int_equal(nb, 0);
+		assert_int_equal(nt, 0);
+	}
+	/* append claims SIZE_MAX - 2 tokens (the buffer holds 32): refused
+	 * before any token is read */
+	ret = kva_seq_append(s, t, SIZE_MAX - 2);
+	assert_true(ret == -EFBIG || ret == -ENOSPC);
+	/* with tokens in it, the sum overflows */
+	assert_int_equal(kva_seq_append(s, t, 3), 0);
+	assert_int_equal(kva_seq_reserve(s, SIZE_MAX - 2), -EFBIG);
+	assert_int_equal(kva_seq_append(s, t, SIZE_MAX - 1), -EFBIG);
+	ret = kva_seq_reserve(s, SIZE_MAX - 4);
+	assert_true(ret == -EFBIG || ret == -ENOSPC);
+	kva_seq_block_table(s, &ids, &nb, &nt);
+	assert_int_equal(nt, 3);
+	/* still a working sequence */
+	assert_int_equal(kva_seq_append(s, t + 3, 2 * BT - 3), 0);
+	kva_seq_close(s);
+	check_arena(a);
+	kva_worker_leave(w);
+	assert_int_equal(kva_arena_stats(a, &st), 0);
+	assert_int_equal(st.free_blocks + st.prefix_cached_blocks, 64);
+	kva_arena_close(a);
+}
+
 static void test_prefix_policy_keeps_the_hot_prefix(void **state)
 {
 	struct kva_arena *a = tu_arena(96, 0, 2);
@@ -660,6 +771,8 @@ int main(void)
 		cmocka_unit_test(test_publish_close_match),
 		cmocka_unit_test(test_argument_errors),
 		cmocka_unit_test(test_eviction_under_pressure),
+		cmocka_unit_test(test_eviction_finds_a_cached_block_anywhere),
+		cmocka_unit_test(test_sizes_that_overflow_are_refused),
 		cmocka_unit_test(test_prefix_policy_keeps_the_hot_prefix),
 		cmocka_unit_test(test_quotas_and_pinned),
 		cmocka_unit_test(test_fork_copies_the_partial_block),
