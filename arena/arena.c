@@ -47,12 +47,27 @@ static int opts_check(const struct kva_arena_opts *o, uint32_t *workers, uint32_
 	return 0;
 }
 
-/* Initial contents of a fresh metadata region: every block free and findable. */
-static void meta_init(uint8_t *meta, const struct kva__header *h)
+/*
+ * Initial contents of a fresh metadata region: every block free and findable,
+ * every slot's reclaim lease a robust process-shared mutex (recover.c).
+ */
+static int meta_init(uint8_t *meta, const struct kva__header *h)
 {
 	_Atomic uint64_t *l0 = (_Atomic uint64_t *)(meta + h->l0_off);
 	_Atomic uint64_t *l1 = (_Atomic uint64_t *)(meta + h->l1_off);
+	struct kva__slot *slots = (struct kva__slot *)(meta + h->slots_off);
+	pthread_mutexattr_t ma;
+	int ret;
 
+	if ((ret = pthread_mutexattr_init(&ma)) ||
+	    (ret = pthread_mutexattr_setpshared(&ma, PTHREAD_PROCESS_SHARED)) ||
+	    (ret = pthread_mutexattr_setrobust(&ma, PTHREAD_MUTEX_ROBUST)))
+		return -ret;
+	for (uint32_t i = 0; i < h->max_workers && !ret; i++)
+		ret = pthread_mutex_init(&slots[i].reclaim, &ma);
+	pthread_mutexattr_destroy(&ma);
+	if (ret)
+		return -ret;
 	/* slots (FREE, generation 0) and descriptors (FREE, epoch 0) are all-zero
 	 * words, which a fresh memfd already is */
 	for (uint64_t w = 0; w < h->l0_words; w++) {
@@ -63,6 +78,7 @@ static void meta_init(uint8_t *meta, const struct kva__header *h)
 						 1ull << (w % 64));
 	}
 	memcpy(meta, h, sizeof(*h));
+	return 0;
 }
 
 int kva_arena_create(const struct kva_geometry *g, const struct kva_arena_opts *o,
@@ -154,7 +170,10 @@ int kva_arena_create(const struct kva_geometry *g, const struct kva_arena_opts *
 			goto fail;
 		}
 	}
-	meta_init(meta, &h);
+	if ((ret = meta_init(meta, &h)) < 0) {
+		kva__err(ret, "the slots' reclaim leases: %s", strerror(-ret));
+		goto fail;
+	}
 	munmap(meta, meta_size);
 	meta = NULL;
 	if ((ret = kva__region_seal(meta_fd)) < 0 || (ret = kva__region_seal(data_fd)) < 0) {

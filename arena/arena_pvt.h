@@ -19,12 +19,13 @@
  * reclaimers, and read by claimers; a writer that dies half-way leaves at
  * worst a free block whose bit is clear, which reclaim sets again (pool.c).
  *
- * That is 8 + 1/8 + 1/4096 bytes of allocator state per block, and 16 of block
- * meta plus 64 to 128 of index (two to four entries a block) for prefixes.
+ * That is 8 + 1/8 + 1/4096 bytes of allocator state per block, and 32 of block
+ * meta plus 128 to 256 of index (four to eight entries a block) for prefixes.
  */
 #ifndef KVA_ARENA_PVT_H
 #define KVA_ARENA_PVT_H
 
+#include <pthread.h>
 #include <stdalign.h>
 #include <stdatomic.h>
 #include <stdbool.h>
@@ -38,7 +39,7 @@
 #define unlikely(x) __builtin_expect(!!(x), 0)
 
 #define KVA__MAGIC 0x31414e455241564bull /* "KVARENA1" read as a little-endian word */
-#define KVA__ABI_VERSION 2u
+#define KVA__ABI_VERSION 3u
 #define KVA__HEADER_BYTES 4096u
 #define KVA__HDR_HUGETLB 0x1u
 #define KVA__CACHE_MAX 65536u
@@ -125,12 +126,27 @@ struct kva__pool {
  * state. The second line holds counters only the slot's own worker writes,
  * with relaxed stores; ops tools read them as hints. If the joiner dies while
  * JOINING, the pid in the state word is enough to reclaim the slot.
+ *
+ * start is the holder's kernel start time tagged with the generation it was
+ * written for (kva__start_make): written after the claim, so for an instant
+ * the slot names its new holder while start is still the last holder's; a
+ * reader trusts it only for the generation it read in the state word, and
+ * otherwise knows no start time (liveness by pid alone, which errs towards
+ * alive).
+ *
+ * reclaim is the reclaim lease: a robust, process-shared mutex that is only
+ * ever try-locked (nobody waits on it). Whoever holds it is the one reclaimer
+ * of the slot; another, even a thread of the same process, gets -EBUSY. If
+ * its holder dies, the kernel marks it (EOWNERDEAD) and the next reclaimer
+ * takes over the unfinished work: exact, where a pid and start time cannot
+ * tell two threads of one process apart. Initialised by the arena's creator.
  */
 struct kva__slot {
 	alignas(128) _Atomic uint64_t state; /* see kva__slot_word() */
-	_Atomic uint64_t start_time;         /* /proc/<pid>/stat starttime; 0 = unknown */
+	_Atomic uint64_t start;              /* kva__start_make(gen, starttime); 0 = unknown */
 	_Atomic int64_t owner_pid;           /* the joiner, kept through RECLAIMING */
 	_Atomic uint64_t name[4];            /* 31 bytes and a NUL */
+	pthread_mutex_t reclaim;             /* the reclaim lease (recover.c) */
 	alignas(64) _Atomic uint64_t cached;
 	_Atomic uint64_t shares, refills, flushes;
 	/* Sequences (seq.c), written by the slot's worker alone (relaxed),
@@ -143,6 +159,11 @@ struct kva__slot {
 	_Atomic uint32_t inserting;
 	_Atomic uint32_t tenant_blocks[KVA_MAX_TENANT_QUOTAS];
 };
+
+/* A start time (clock ticks since boot: 40 bits last 348 years at 100 Hz)
+ * and the slot generation it belongs to, in one word. */
+#define KVA__START_BITS 40
+#define KVA__START_MASK ((1ull << KVA__START_BITS) - 1)
 
 /* slot counters; the same indices in kva__pool.gone */
 enum { KVA__SC_HITS, KVA__SC_MISSES, KVA__SC_PUBLISHED, KVA__SC_DUPLICATES,
@@ -166,6 +187,17 @@ static inline uint32_t kva__slot_gen(uint64_t s)
 	return (uint32_t)((s >> KVA__S_GEN_SHIFT) & KVA__S_GEN_MASK);
 }
 static inline int32_t kva__slot_pid(uint64_t s) { return (int32_t)(uint32_t)s; }
+
+static inline uint64_t kva__start_make(uint32_t gen, uint64_t start_time)
+{
+	start_time &= KVA__START_MASK;
+	return start_time ? (uint64_t)(gen & KVA__S_GEN_MASK) << KVA__START_BITS | start_time : 0;
+}
+/* The start time @s records for generation @gen, or 0 (unknown). */
+static inline uint64_t kva__start_for(uint64_t s, uint32_t gen)
+{
+	return s >> KVA__START_BITS == (gen & KVA__S_GEN_MASK) ? s & KVA__START_MASK : 0;
+}
 
 /*
  * A block descriptor, one 64-bit word per block:
@@ -270,14 +302,23 @@ static inline uint64_t kva__p_make(uint32_t state, uint32_t tag, uint64_t epoch,
 }
 
 /*
- * Per-block meta (evict.c), advisory: written with relaxed stores by whoever
- * touches the block, read by evictors to rank candidates; a torn or stale
- * value costs a worse choice, never a wrong one. entry: the index position
- * + 1 of the block's entry (0: none), written by its publisher.
+ * Per-block meta. hint and entry are advisory (evict.c): written with relaxed
+ * stores by whoever touches the block, read by evictors to rank candidates; a
+ * torn or stale value costs a worse choice, never a wrong one. entry: the
+ * index position + 1 of the block's entry (0: none), written by its
+ * publisher.
+ *
+ * key is not advisory: the key the block was published under, written by its
+ * publisher while it holds the block alone, before the release store that
+ * publishes it (seq.c). A matcher reads it after its acquire CAS has made it
+ * a holder, when it can no longer change (a block leaves its life only once
+ * nobody holds it), and attaches the block only if it is the key it looked
+ * up. Epochs are 12 bits and come round; keys are 128.
  */
 struct kva__bmeta {
 	_Atomic uint64_t hint;
 	_Atomic uint64_t entry;
+	_Atomic uint64_t key[2];
 };
 
 /* An arena mapping in this process. Everything here is private memory. */
@@ -390,7 +431,12 @@ int kva__region_size(int fd, uint64_t *bytes);
 int kva__region_map(int fd, uint64_t bytes, bool readonly, void **addr);
 int kva__region_bind_node(void *addr, uint64_t bytes, int node);
 int kva__pid_start_time(pid_t pid, uint64_t *start_time, char *state);
-bool kva__pid_gone(pid_t pid, uint64_t start_time);
+bool kva__pid_gone(pid_t pid, uint64_t start);
+/* the liveness of slot state word @st, whose start word is @start */
+static inline bool kva__slot_holder_gone(uint64_t st, uint64_t start)
+{
+	return kva__pid_gone(kva__slot_pid(st), kva__start_for(start, kva__slot_gen(st)));
+}
 
 /* pool.c: the free-block pool shared by all workers */
 uint32_t kva__pool_claim(struct kva_worker *w, uint32_t want, uint32_t *ids);
@@ -402,6 +448,9 @@ void kva__hint_set(struct kva_arena *a, uint32_t word, uint64_t bits);
 /* error.c */
 int kva__err(int err, const char *fmt, ...) __attribute__((format(printf, 2, 3)));
 void kva__err_clear(void);
+/* while held (calls nest), kva__err() and kva__err_clear() leave the message
+ * alone: around the cleanup after a failure, whose cause is the message */
+void kva__err_hold(bool on);
 
 /* alloc.c */
 int kva__worker_check_live(struct kva_worker *w);
@@ -429,8 +478,8 @@ void kva__index_reclaim_busy(struct kva_arena *a, uint32_t slot);
 /* evict.c */
 uint32_t kva__evict(struct kva_worker *w, uint32_t want, uint32_t *ids);
 void kva__hint_touch(struct kva_arena *a, uint32_t id, uint64_t tick, bool hit);
-void kva__hint_publish(struct kva_arena *a, uint32_t id, uint64_t tick, uint32_t depth,
-		       uint32_t hits, uint64_t pos);
+void kva__hint_publish(struct kva_arena *a, uint32_t id, const uint64_t key[2], uint64_t tick,
+		       uint32_t depth, uint32_t hits, uint64_t pos);
 bool kva__ghost_live(struct kva_arena *a, uint64_t info);
 bool kva__publish_room(struct kva_worker *w);
 

@@ -2,6 +2,10 @@
 /*
  * error.c - a sentence about the last failure, per thread. Return codes carry
  * the errno; this carries which field, which slot, which size.
+ *
+ * The sentence is about the first cause: the cleanup after a failure (giving
+ * a slot back, freeing what a half-done call took) runs under a hold, and
+ * whatever it runs into does not replace the message the caller will read.
  */
 #include <stdarg.h>
 #include <stdio.h>
@@ -9,11 +13,14 @@
 #include "arena_pvt.h"
 
 static _Thread_local char errmsg[256];
+static _Thread_local unsigned held;
 
 int kva__err(int err, const char *fmt, ...)
 {
 	va_list ap;
 
+	if (held)
+		return err;
 	va_start(ap, fmt);
 	vsnprintf(errmsg, sizeof(errmsg), fmt, ap);
 	va_end(ap);
@@ -22,7 +29,13 @@ int kva__err(int err, const char *fmt, ...)
 
 void kva__err_clear(void)
 {
-	errmsg[0] = '\0';
+	if (!held)
+		errmsg[0] = '\0';
+}
+
+void kva__err_hold(bool on)
+{
+	held += on ? 1u : -1u;
 }
 
 const char *kva_errmsg(void)

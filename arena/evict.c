@@ -132,9 +132,12 @@ static uint64_t hint_tick(uint64_t h) { return h >> H_TICK_SHIFT; }
 static uint32_t hint_depth(uint64_t h) { return (uint32_t)(h >> H_DEPTH_SHIFT) & 0xffff; }
 static uint32_t hint_hits(uint64_t h) { return (uint32_t)h & 0xff; }
 
-void kva__hint_publish(struct kva_arena *a, uint32_t id, uint64_t tick, uint32_t depth,
-		       uint32_t hits, uint64_t pos)
+/* by the publisher, holding @id alone, before the release that publishes it */
+void kva__hint_publish(struct kva_arena *a, uint32_t id, const uint64_t key[2], uint64_t tick,
+		       uint32_t depth, uint32_t hits, uint64_t pos)
 {
+	atomic_store_explicit(&a->bmeta[id].key[0], key[0], memory_order_relaxed);
+	atomic_store_explicit(&a->bmeta[id].key[1], key[1], memory_order_relaxed);
 	atomic_store_explicit(&a->bmeta[id].hint, hint_make(tick, depth, hits),
 			      memory_order_relaxed);
 	atomic_store_explicit(&a->bmeta[id].entry, pos + 1, memory_order_relaxed);

@@ -2,10 +2,20 @@
 /*
  * recover.c - taking back what a dead worker held, and checking the arena.
  *
- * Reclaim runs while the other workers go on. It owns the dead slot's
- * OWNED descriptors outright (their owner is gone and the slot is marked
- * RECLAIMING, so no new owner can appear), and it changes SHARED words by
- * CAS like any holder. It reads every index from shared memory as untrusted.
+ * Reclaim runs while the other workers go on. One reclaimer at a time per
+ * slot: it holds the slot's reclaim lease (a robust mutex, only ever
+ * try-locked: struct kva__slot) from before it decides the holder is dead
+ * until the slot is FREE again, so no second reclaimer, not even a thread of
+ * the same process, can finish first and let a new worker into the slot
+ * while the first still sweeps. If the reclaimer dies, the lease says so
+ * (EOWNERDEAD) and the next one finishes the job: every step below can be
+ * done twice.
+ *
+ * It owns the dead slot's OWNED descriptors outright (their owner is gone and
+ * the slot is RECLAIMING, so no new owner of that slot can appear), and still
+ * frees each by CAS, and only if it still names the dead slot and its
+ * generation. It changes SHARED words by CAS like any holder. It reads every
+ * index from shared memory as untrusted.
  */
 #include <errno.h>
 #include <string.h>
@@ -23,8 +33,29 @@ static uint64_t now_ns(void)
 }
 
 /*
- * take_slot - move @slot to RECLAIMING (generation bumped) on behalf of this
- * process, if its holder is gone. Takes over from a reclaimer that died.
+ * lease_take - the right to reclaim @slot, or -EBUSY if a live thread (of any
+ * process, this one included) has it. A lease whose holder died comes with
+ * that holder's unfinished reclaim, which the caller completes.
+ */
+static int lease_take(struct kva__slot *s, uint32_t slot)
+{
+	int ret = pthread_mutex_trylock(&s->reclaim);
+
+	if (ret == EOWNERDEAD) /* its reclaimer died: ours now, with its work */
+		ret = pthread_mutex_consistent(&s->reclaim);
+	if (ret == EBUSY)
+		return kva__err(-EBUSY, "reclaim: slot %u is being reclaimed by another thread "
+				"or process", slot);
+	if (ret)
+		return kva__err(-ret, "reclaim: the reclaim lease of slot %u is unusable: %s",
+				slot, strerror(ret));
+	return 0;
+}
+
+/*
+ * take_slot - with the lease held: move @slot to RECLAIMING (generation
+ * bumped) on behalf of this process, if its holder is gone. A slot already
+ * RECLAIMING is a dead reclaimer's, whose lease we hold now.
  */
 static int take_slot(struct kva_arena *a, uint32_t slot, uint64_t *word)
 {
@@ -41,20 +72,19 @@ static int take_slot(struct kva_arena *a, uint32_t slot, uint64_t *word)
 			return kva__err(-ENOENT, "reclaim: slot %u is not in use", slot);
 		case KVA_SLOT_RECLAIMING:
 			/* generation already bumped by the reclaimer that began */
-			if (pid != self && !kva__pid_gone(pid, 0))
-				return kva__err(-EBUSY, "reclaim: process %d is reclaiming slot %u",
-						pid, slot);
 			next = kva__slot_word(KVA_SLOT_RECLAIMING, gen, self);
 			break;
 		default:
-			if (!kva__pid_gone(pid, atomic_load_explicit(&s->start_time,
-								     memory_order_relaxed)))
+			if (!kva__slot_holder_gone(cur, atomic_load_explicit(&s->start,
+									     memory_order_relaxed)))
 				return kva__err(-EBUSY, "reclaim: slot %u belongs to process %d, "
 						"which is alive", slot, pid);
 			/* from here on, tags of generation gen are stale */
 			next = kva__slot_word(KVA_SLOT_RECLAIMING, gen + 1, self);
 			break;
 		}
+		/* A failed CAS: the slot moved (a reservation given back, a
+		 * joiner's claim): look again. */
 		if (atomic_compare_exchange_strong_explicit(&s->state, &cur, next,
 							    memory_order_acq_rel,
 							    memory_order_relaxed)) {
@@ -97,20 +127,20 @@ static bool drop_dead_holder(struct kva_arena *a, uint32_t id, uint64_t bit, uin
 }
 
 /*
- * sweep - one pass over the descriptors: free the dead slot's blocks, drop its
- * references, and set the hint bit of every free block that lacks it (a
- * worker killed between freeing a descriptor and setting its bit).
+ * sweep - one pass over the descriptors: free the blocks of the dead slot's
+ * generation @gen, drop its references, and set the hint bit of every free
+ * block that lacks it (a worker killed between freeing a descriptor and
+ * setting its bit).
  *
  * Per word of 64 blocks, three masks are computed without a branch per block
  * (a random arena would mispredict most of them), then only the set bits
  * are visited.
  */
-static void sweep(struct kva_arena *a, uint32_t slot, struct kva_reclaim_report *r)
+static void sweep(struct kva_arena *a, uint32_t slot, uint32_t gen, struct kva_reclaim_report *r)
 {
-	/* kind, flags, the payload bits above a tag, and the slot: a tag of ours
-	 * of any generation */
-	const uint64_t tag_mask = 0xf000ffff000000ffull;
-	const uint64_t tag_ours = kva__d_make(KVA__D_OWNED, 0, slot);
+	/* everything but the epoch: kind, flags, and the tag (slot, gen) */
+	const uint64_t tag_mask = ~(KVA__D_EPOCH_MASK << KVA__D_EPOCH_SHIFT);
+	const uint64_t tag_ours = kva__d_make(KVA__D_OWNED, 0, kva__owner_tag(slot, gen));
 	const uint64_t holder = 1ull << slot;
 
 	for (uint32_t i = 0; i < a->l0_words; i++) {
@@ -128,9 +158,16 @@ static void sweep(struct kva_arena *a, uint32_t slot, struct kva_reclaim_report 
 			uint32_t id = base + (uint32_t)__builtin_ctzll(mine);
 			uint64_t d = atomic_load_explicit(&a->desc[id], memory_order_relaxed);
 
-			/* Ours alone now: the owner is dead and the slot RECLAIMING.
-			 * release: pairs with the next claimer's acquire CAS. */
-			atomic_store_explicit(&a->desc[id], kva__d_next_free(d), memory_order_release);
+			/* The dead generation's alone: nobody else may write it,
+			 * and still a CAS, so that a word that is no longer this
+			 * life's (whoever changed it) is never freed. release:
+			 * pairs with the next claimer's acquire CAS. */
+			if ((d & tag_mask) != tag_ours ||
+			    !atomic_compare_exchange_strong_explicit(&a->desc[id], &d,
+								     kva__d_next_free(d),
+								     memory_order_release,
+								     memory_order_relaxed))
+				continue;
 			freed |= mine & -mine;
 			r->owned_freed++;
 		}
@@ -162,7 +199,8 @@ int kva_arena_reclaim(struct kva_arena *a, uint32_t slot, struct kva_reclaim_rep
 {
 	struct kva_reclaim_report local;
 	struct kva__slot *s;
-	uint64_t word = 0, t0 = now_ns();
+	uint64_t word = 0, t0 = now_ns(), cur;
+	uint32_t dead_gen;
 	int ret;
 
 	if (!r)
@@ -175,23 +213,31 @@ int kva_arena_reclaim(struct kva_arena *a, uint32_t slot, struct kva_reclaim_rep
 		return kva__err(-EROFS, "reclaim: this mapping of the arena is read-only");
 	s = &a->slots[slot];
 	r->slot = slot;
-	if ((ret = take_slot(a, slot, &word)) < 0)
+	if ((ret = lease_take(s, slot)) < 0)
 		return ret;
+	if ((ret = take_slot(a, slot, &word)) < 0)
+		goto out;
 	r->pid = (int32_t)atomic_load_explicit(&s->owner_pid, memory_order_relaxed);
 	kva__slot_name(s, r->name);
+	dead_gen = (kva__slot_gen(word) - 1) & KVA__S_GEN_MASK;
 
-	sweep(a, slot, r);
+	sweep(a, slot, dead_gen, r);
 	/* died inside an index insert: its BUSY entries become tombstones */
 	if (atomic_load_explicit(&s->inserting, memory_order_relaxed))
 		kva__index_reclaim_busy(a, slot);
 	kva__slot_retire_counters(a, s);
 
 	atomic_store_explicit(&s->cached, 0, memory_order_relaxed);
-	/* release: the sweep's writes come before the next joiner's acquire */
-	atomic_store_explicit(&s->state, kva__slot_word(KVA_SLOT_FREE, kva__slot_gen(word), 0),
-			      memory_order_release);
+	/* release: the sweep's writes come before the next joiner's acquire.
+	 * A CAS from our own word: nobody else moves a slot we lease. */
+	cur = word;
+	atomic_compare_exchange_strong_explicit(&s->state, &cur,
+						kva__slot_word(KVA_SLOT_FREE, kva__slot_gen(word), 0),
+						memory_order_release, memory_order_relaxed);
 	r->elapsed_ns = now_ns() - t0;
-	return 0;
+out:
+	pthread_mutex_unlock(&s->reclaim);
+	return ret;
 }
 
 /* What a slot table snapshot says, for kva_arena_check(). */
@@ -290,8 +336,8 @@ int kva_arena_check(struct kva_arena *a, struct kva_check_report *r)
 		if (!kva__slot_joined(st))
 			continue;
 		v.joined |= 1ull << s;
-		if (kva__pid_gone(kva__slot_pid(st),
-				  atomic_load_explicit(&a->slots[s].start_time, memory_order_relaxed)))
+		if (kva__slot_holder_gone(st, atomic_load_explicit(&a->slots[s].start,
+								   memory_order_relaxed)))
 			r->dead_slots++;
 	}
 	for (uint32_t id = 0; id < a->blocks; id++) {

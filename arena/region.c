@@ -4,16 +4,19 @@
  * files, their seals, mappings, NUMA placement, and process liveness. Each
  * function states its contract; each returns 0 or a negative errno.
  */
+#include <dirent.h>
 #include <errno.h>
 #include <fcntl.h>
 #include <numa.h>
 #include <numaif.h>
+#include <poll.h>
 #include <signal.h>
 #include <stdio.h>
 #include <stdlib.h>
 #include <string.h>
 #include <sys/mman.h>
 #include <sys/stat.h>
+#include <sys/syscall.h>
 #include <unistd.h>
 
 #include "arena_pvt.h"
@@ -181,25 +184,70 @@ int kva__pid_start_time(pid_t pid, uint64_t *start_time, char *state)
 	return 0;
 }
 
-/*
- * kva__pid_gone - true if the process that was @pid, started at @start_time
- * (0 = unknown), has exited: no such pid, a zombie, or a newer process that
- * reused the number.
- */
-bool kva__pid_gone(pid_t pid, uint64_t start_time)
+/* Any thread of @pid not yet exited? /proc's view, for kernels without pidfds. */
+static bool proc_threads_run(pid_t pid)
 {
-	uint64_t st;
-	char state = '?';
+	char path[64];
+	struct dirent *de;
+	bool run = false;
+	DIR *d;
+
+	snprintf(path, sizeof(path), "/proc/%d/task", (int)pid);
+	if (!(d = opendir(path)))
+		return false;
+	while (!run && (de = readdir(d))) {
+		uint64_t st;
+		char state = 'X';
+		long tid = strtol(de->d_name, NULL, 10);
+
+		/* a thread's stat has the same fields as a process's */
+		if (tid > 0 && kva__pid_start_time((pid_t)tid, &st, &state) == 0)
+			run = state != 'Z' && state != 'X';
+	}
+	closedir(d);
+	return run;
+}
+
+/*
+ * kva__pid_gone - true only if the process that was @pid, started at @start
+ * clock ticks after boot (its low KVA__START_BITS; 0 = unknown), has
+ * certainly exited: nothing of its thread group runs any more, or the pid
+ * now names a process that started at another time. Whenever it cannot
+ * tell, the answer is false (alive): a process judged dead loses its blocks
+ * to another while it still uses them, whereas one judged alive only waits
+ * for the next look.
+ *
+ * A process whose main thread called pthread_exit() while other threads run
+ * shows its leader as a zombie in /proc, and is alive: the pidfd says
+ * readable only once the whole thread group has exited (pidfd_poll), so the
+ * state letter is not used when a pidfd can be had. The pidfd is opened
+ * before /proc is read: if the number is reused in between, /proc shows the
+ * newer process's start time and the old one is rightly gone.
+ */
+bool kva__pid_gone(pid_t pid, uint64_t start)
+{
+	uint64_t st = 0;
+	bool gone;
+	int fd, ret;
 
 	if (pid <= 0)
 		return true;
-	int ret = kva__pid_start_time(pid, &st, &state);
+	fd = (int)syscall(SYS_pidfd_open, pid, 0);
+	if (fd < 0 && errno == ESRCH)
+		return true; /* no process has this number */
+	ret = kva__pid_start_time(pid, &st, NULL);
+	gone = ret == 0 && start && (st & KVA__START_MASK) != start;
+	if (fd >= 0) {
+		struct pollfd p = { .fd = fd, .events = POLLIN };
 
+		gone = gone || (poll(&p, 1, 0) == 1 && (p.revents & (POLLIN | POLLHUP)));
+		close(fd);
+		return gone;
+	}
+	/* no pidfds here (a kernel before 5.3, a seccomp filter): /proc alone */
 	if (ret == -ENOENT)
 		return true;
 	if (ret < 0) /* no /proc to read: the pid alone has to do */
 		return kill(pid, 0) < 0 && errno == ESRCH;
-	if (state == 'Z' || state == 'X')
-		return true;
-	return start_time && st != start_time;
+	return gone || !proc_threads_run(pid);
 }

@@ -219,12 +219,21 @@ int kva_seq_open(struct kva_worker *w, const struct kva_seq_opts *o, struct kva_
 	return 0;
 }
 
+/* Is @b's current publication the one of @key? Only meaningful while we
+ * hold @b (struct kva__bmeta). */
+static bool block_has_key(struct kva_arena *a, uint32_t b, const uint64_t key[2])
+{
+	return atomic_load_explicit(&a->bmeta[b].key[0], memory_order_relaxed) == key[0] &&
+	       atomic_load_explicit(&a->bmeta[b].key[1], memory_order_relaxed) == key[1];
+}
+
 /*
- * join - take a reference to block @b of entry @f, if it is still the block
- * that entry published. The CAS is the linearization point against an
- * evictor's (evict.c). acquire: pairs with the publisher's release.
+ * join - take a reference to block @b of entry @f, found for @key, if the
+ * block is still a publication of @key. The CAS is the linearization point
+ * against an evictor's (evict.c). acquire: pairs with the publisher's
+ * release, so the block's bytes and its key are the publisher's.
  */
-static bool join(struct kva_seq *s, const struct kva__found *f)
+static bool join(struct kva_seq *s, const struct kva__found *f, const uint64_t key[2])
 {
 	struct kva_worker *w = s->w;
 	struct kva_arena *a = w->arena;
@@ -236,30 +245,32 @@ static bool join(struct kva_seq *s, const struct kva__found *f)
 		 * with our bit, nobody can evict it; one more reference */
 		if (held == KVA__HELD_EXCL || held >= KVA__HELD_MAXREF ||
 		    kva__d_kind(d) != KVA__D_SHARED || !(d & KVA__D_PUB) ||
-		    kva__d_epoch(d) != kva__p_epoch(f->ctrl))
+		    kva__d_epoch(d) != kva__p_epoch(f->ctrl) || !block_has_key(a, b, key))
 			return false;
 		w->c.held[b] = held + 1;
-	} else {
-		do {
-			if (kva__d_epoch(d) != kva__p_epoch(f->ctrl))
-				return false;
-			if (kva__d_kind(d) == KVA__D_CACHED)
-				nd = kva__d_make(KVA__D_SHARED, kva__d_epoch(d), w->holder_bit) |
-				     KVA__D_PUB | KVA__D_REF;
-			else if (kva__d_kind(d) == KVA__D_SHARED && (d & KVA__D_PUB) &&
-				 !(d & w->holder_bit))
-				nd = d | w->holder_bit | KVA__D_REF;
-			else
-				return false; /* not published yet, or gone */
-		} while (!atomic_compare_exchange_weak_explicit(&w->desc[b], &d, nd,
-								memory_order_acquire,
-								memory_order_acquire));
-		KVA__CRASH_POINT(KVA__CP_MATCH_JOINED);
-		w->c.held[b] = 1;
+		return true;
 	}
-	/* Held now. Is it this entry's block, not a stale entry whose epoch
-	 * came round again? The block's meta names its current entry. */
-	if (atomic_load_explicit(&a->bmeta[b].entry, memory_order_relaxed) != f->pos + 1) {
+	do {
+		if (kva__d_epoch(d) != kva__p_epoch(f->ctrl))
+			return false;
+		if (kva__d_kind(d) == KVA__D_CACHED)
+			nd = kva__d_make(KVA__D_SHARED, kva__d_epoch(d), w->holder_bit) |
+			     KVA__D_PUB | KVA__D_REF;
+		else if (kva__d_kind(d) == KVA__D_SHARED && (d & KVA__D_PUB) &&
+			 !(d & w->holder_bit))
+			nd = d | w->holder_bit | KVA__D_REF;
+		else
+			return false; /* not published yet, or gone */
+	} while (!atomic_compare_exchange_weak_explicit(&w->desc[b], &d, nd,
+							memory_order_acquire,
+							memory_order_acquire));
+	KVA__CRASH_POINT(KVA__CP_MATCH_JOINED);
+	w->c.held[b] = 1;
+	/* Held now: the block stays in this life, and its key with it, until
+	 * we let go. The epoch matched, but epochs are 12 bits: after 4096
+	 * lives between our lookup and our CAS the entry's (block, epoch) may
+	 * name another prefix's publication. The key cannot. */
+	if (!block_has_key(a, b, key)) {
 		kva_free(w, &b, 1);
 		return false;
 	}
@@ -304,7 +315,7 @@ int kva_seq_match(struct kva_seq *s, const int32_t *tokens, size_t n, size_t *ma
 		if (!kva__index_lookup(a, k, &f, &stale))
 			break;
 		KVA__CRASH_POINT(KVA__CP_MATCH_LOOKED_UP);
-		if (!join(s, &f))
+		if (!join(s, &f, k))
 			break;
 		got[m] = kva__p_block(f.ctrl);
 		kva__hint_touch(a, got[m], tick, true);
@@ -427,9 +438,10 @@ static void publish(struct kva_seq *s, size_t i, const uint64_t key[2])
 	}
 	KVA__CRASH_POINT(KVA__CP_PUBLISH_INDEXED);
 	/* a key evicted not long ago and wanted again counts as used before */
-	kva__hint_publish(a, id, atomic_load_explicit(&a->pool->tick, memory_order_relaxed),
+	kva__hint_publish(a, id, key, atomic_load_explicit(&a->pool->tick, memory_order_relaxed),
 			  (uint32_t)i, uses, pos);
-	/* release: the block's bytes and its meta before any matcher's acquire */
+	/* release: the block's bytes and its meta (its key) before any
+	 * matcher's acquire */
 	atomic_store_explicit(&w->desc[id],
 			      kva__d_make(KVA__D_SHARED, kva__d_epoch(d), w->holder_bit) | KVA__D_PUB,
 			      memory_order_release);

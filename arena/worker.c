@@ -34,19 +34,29 @@ void kva__slot_name(struct kva__slot *s, char out[32])
 	out[31] = '\0';
 }
 
+/* the start time of @pid, tagged for generation @gen of slot @s */
+static void slot_set_start(struct kva__slot *s, uint32_t gen, pid_t pid)
+{
+	uint64_t start_time = 0;
+
+	kva__pid_start_time(pid, &start_time, NULL);
+	atomic_store_explicit(&s->start, kva__start_make(gen, start_time), memory_order_relaxed);
+}
+
 /*
  * slot_claim - FREE -> JOINING for @pid, one CAS, on the first free slot:
  * from then on a process killed at any instruction leaves a slot that names
  * it, which a reclaimer can find. acquire: the previous holder's release of
  * the slot happens before. The other fields of the slot's first line are
- * written after the claim, before LIVE is published (slot_publish).
+ * written after the claim, before LIVE is published (worker_make); until the
+ * start time is, it is the last holder's, tagged with the last generation,
+ * and readers know it for no start time at all (kva__start_for).
  */
 static int slot_claim(struct kva_arena *a, pid_t pid, uint32_t *slot, uint32_t *gen)
 {
 	for (uint32_t id = 0; id < a->max_workers; id++) {
 		struct kva__slot *s = &a->slots[id];
 		uint64_t cur = atomic_load_explicit(&s->state, memory_order_acquire);
-		uint64_t start_time = 0;
 
 		if (kva__slot_kind(cur) != KVA_SLOT_FREE ||
 		    !atomic_compare_exchange_strong_explicit(
@@ -56,8 +66,7 @@ static int slot_claim(struct kva_arena *a, pid_t pid, uint32_t *slot, uint32_t *
 			continue;
 		KVA__CRASH_POINT(KVA__CP_JOIN_CLAIMED);
 		atomic_store_explicit(&s->owner_pid, pid, memory_order_relaxed);
-		kva__pid_start_time(pid, &start_time, NULL);
-		atomic_store_explicit(&s->start_time, start_time, memory_order_relaxed);
+		slot_set_start(s, kva__slot_gen(cur), pid);
 		*slot = id;
 		*gen = kva__slot_gen(cur);
 		return 0;
@@ -70,7 +79,7 @@ static int slot_claim(struct kva_arena *a, pid_t pid, uint32_t *slot, uint32_t *
  * (JOINING, ours): memory, then the slot's name and counters, then LIVE.
  */
 static int worker_make(struct kva_arena *a, uint32_t id, uint32_t gen, const char *name,
-		       struct kva_worker **out)
+		       bool adopted, struct kva_worker **out)
 {
 	struct kva__slot *s = &a->slots[id];
 	struct kva_worker *w = calloc(1, sizeof(*w));
@@ -115,6 +124,11 @@ static int worker_make(struct kva_arena *a, uint32_t id, uint32_t gen, const cha
 			goto fail;
 		}
 	}
+	/* The reserver (the agent) wrote our start time as /proc showed it;
+	 * ours now, from our own /proc entry, which every process can read. A
+	 * store after LIVE: the slot is ours, nobody else writes it. */
+	if (adopted)
+		slot_set_start(s, gen, getpid());
 	*out = w;
 	return 0;
 fail:
@@ -136,9 +150,12 @@ int kva_worker_join(struct kva_arena *a, const char *name, struct kva_worker **o
 		return kva__err(-EROFS, "join: this mapping of the arena is read-only");
 	if ((ret = slot_claim(a, getpid(), &id, &gen)) < 0)
 		return ret;
-	ret = worker_make(a, id, gen, name, out);
-	if (ret < 0) /* give the slot back: we hold nothing in it */
+	ret = worker_make(a, id, gen, name, false, out);
+	if (ret < 0) { /* give the slot back: we hold nothing in it */
+		kva__err_hold(true); /* what failed is the message, not this */
 		kva_arena_release_slot(a, id, gen);
+		kva__err_hold(false);
+	}
 	return ret;
 }
 
@@ -187,13 +204,7 @@ int kva_worker_adopt(struct kva_arena *a, uint32_t slot, uint32_t gen, const cha
 	if (cur != kva__slot_word(KVA_SLOT_JOINING, gen, getpid()))
 		return kva__err(-ESTALE, "adopt: slot %u is not reserved for this process "
 				"(generation %u)", slot, gen);
-	{
-		uint64_t start_time = 0;
-
-		kva__pid_start_time(getpid(), &start_time, NULL);
-		atomic_store_explicit(&a->slots[slot].start_time, start_time, memory_order_relaxed);
-	}
-	return worker_make(a, slot, gen, name, out);
+	return worker_make(a, slot, gen, name, true, out);
 }
 
 /*

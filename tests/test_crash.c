@@ -243,7 +243,7 @@ static char proc_state(pid_t pid)
  */
 static void test_live_process_whose_main_thread_exited_is_not_reclaimed(void **state)
 {
-	struct kva_arena *a = tu_arena(256, 8, 4);
+	struct kva_arena *a = tu_arena(256, KVA_CACHE_NONE, 4);
 	struct kva_check_report cr;
 	struct kva_stats st;
 	int ready[2], slot;
