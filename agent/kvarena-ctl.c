@@ -16,7 +16,8 @@
  *   map      {"blocks","cells","width","rows":[...],"legend":{char: meaning}}
  *   check    {"ok","free_blocks","owned_blocks","shared_blocks","shared_refs",
  *             "bad_descriptors","stale_owners","dead_holders","hints_missing",
- *             "dead_slots","first_bad_block","cached_blocks","index_bad"}
+ *             "dead_slots","first_bad_block","cached_blocks","index_bad",
+ *             "published_blocks","published_count","published_bad","first_problem"}
  *   prefix   {"policy","index_entries","index_valid","index_tombstones",
  *             "index_ghosts","index_load","cached_blocks","published_blocks","hits","misses",
  *             "hit_ratio","published","duplicates","evictions":{"pressure",
@@ -390,11 +391,15 @@ static int cmd_check(struct ctl *c)
 	struct json_object *o;
 
 	if (!c->json) {
-		printf("%s: %u free, %u owned, %u shared (%u holders); %u corrupt descriptors, "
-		       "%u stale owners, %u dead holders, %u unfindable free blocks, %u dead "
-		       "slots awaiting reclaim\n", ret ? "BROKEN" : "ok", r.free_blocks,
-		       r.owned_blocks, r.shared_blocks, r.shared_refs, r.bad_descriptors,
-		       r.stale_owners, r.dead_holders, r.hints_missing, r.dead_slots);
+		printf("%s: %u free, %u owned, %u shared (%u holders), %u cached, %u published "
+		       "(counted %llu); %u corrupt descriptors, %u stale owners, %u dead holders, "
+		       "%u unfindable free blocks, %u bad index entries, %u dead slots awaiting "
+		       "reclaim\n", ret ? "BROKEN" : "ok", r.free_blocks, r.owned_blocks,
+		       r.shared_blocks, r.shared_refs, r.cached_blocks, r.published_blocks,
+		       (unsigned long long)r.published_count, r.bad_descriptors, r.stale_owners,
+		       r.dead_holders, r.hints_missing, r.index_bad, r.dead_slots);
+		if (ret)
+			printf("first problem: %s\n", r.first_problem);
 		return ret ? 1 : 0;
 	}
 	o = json_object_new_object();
@@ -411,6 +416,10 @@ static int cmd_check(struct ctl *c)
 	add_int(o, "first_bad_block", r.first_bad_block);
 	add_int(o, "cached_blocks", r.cached_blocks);
 	add_int(o, "index_bad", r.index_bad);
+	add_int(o, "published_blocks", r.published_blocks);
+	add_int(o, "published_count", (int64_t)r.published_count);
+	add_int(o, "published_bad", r.published_bad);
+	json_object_object_add(o, "first_problem", json_object_new_string(r.first_problem));
 	return print_json(o) || ret ? 1 : 0;
 }
 

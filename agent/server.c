@@ -490,13 +490,16 @@ static void check_arena(struct agent *ag)
 	if (kva_arena_check(ag->a, &r) == 0)
 		return;
 	/* a free block whose hint bit a free has not set yet is normal while
-	 * workers run; the rest are not */
+	 * workers run, and so is a publication caught between its steps; the
+	 * rest are not */
 	if (r.bad_descriptors || r.stale_owners || r.dead_holders)
 		log_warn("arena check: %u corrupt descriptors, %u stale owners, %u dead holders "
-			 "(first at block %lld): skipped, not followed", r.bad_descriptors,
-			 r.stale_owners, r.dead_holders, (long long)r.first_bad_block);
+			 "(first: %s): skipped, not followed", r.bad_descriptors, r.stale_owners,
+			 r.dead_holders, r.first_problem);
 	else
-		log_debug("arena check: %u free blocks not yet findable", r.hints_missing);
+		log_debug("arena check: %u free blocks not yet findable, %u index entries and "
+			  "published count %s while workers run (first: %s)", r.hints_missing,
+			  r.index_bad, r.published_bad ? "off" : "right", r.first_problem);
 }
 
 static void on_timer(struct agent *ag)

@@ -102,11 +102,8 @@ struct kva__pool {
 	alignas(64) _Atomic uint32_t hand;
 	alignas(64) _Atomic uint64_t tick;
 	_Atomic uint64_t evictions;
-	/* published blocks (cached or held): +1 by a publisher before it
-	 * publishes, -1 by an evictor after it takes one; a worker killed
-	 * between leaves it one too high. cache_limit (0: none) caps it:
-	 * kva_arena_set_cache_limit. */
-	_Atomic uint64_t published;
+	/* cache_limit (0: none) caps the published blocks (cached or held):
+	 * kva_arena_set_cache_limit. Their count is pub[] below. */
 	_Atomic uint64_t cache_limit;
 	_Atomic uint64_t threshold;  /* PREFIX: evict cached blocks ranked at or below */
 	/* Quotas (kva_arena_set_quotas), read on reserve. */
@@ -115,7 +112,29 @@ struct kva__pool {
 	/* The counters of slots gone (left or reclaimed), added by whoever
 	 * took the slot back, so that totals survive their workers. */
 	alignas(64) _Atomic uint64_t gone[8];
+	/*
+	 * The published-block count, one word per slot (kva__pub_*, evict.c):
+	 * bits 0..31 the slot's share of the count, modulo 2^32 (publications
+	 * and their reservations counted, minus evictions, over all of the
+	 * slot's lives: the sum over slots is the count, which is below 2^32,
+	 * so the wrap is harmless), bits 32..63 the one operation in flight
+	 * (KVA__PUB_OP_*). Written only by the slot's worker, and by its
+	 * reclaimer once it is dead, with single stores: a count and the
+	 * operation that changed it cannot be torn apart by a death. Reclaim
+	 * settles an operation left in flight from the block's descriptor
+	 * (recover.c); a global counter could not tell whether the dead worker
+	 * had counted yet.
+	 */
+	alignas(64) _Atomic uint64_t pub[KVA_MAX_WORKERS];
 };
+
+/* the operation in flight in a pub[] word: 0 none, else block id + 1 of a
+ * publication (its reservation counted), or with KVA__PUB_EVICT, of an
+ * eviction (counted out when its CAS lands) */
+#define KVA__PUB_EVICT 0x80000000u
+static inline uint64_t kva__pub_word(uint32_t count, uint32_t op) { return (uint64_t)op << 32 | count; }
+static inline uint32_t kva__pub_count(uint64_t w) { return (uint32_t)w; }
+static inline uint32_t kva__pub_op(uint64_t w) { return (uint32_t)(w >> 32); }
 
 /*
  * A worker slot. The state word is claimed by a joiner (CAS FREE -> JOINING),
@@ -481,7 +500,10 @@ void kva__hint_touch(struct kva_arena *a, uint32_t id, uint64_t tick, bool hit);
 void kva__hint_publish(struct kva_arena *a, uint32_t id, const uint64_t key[2], uint64_t tick,
 		       uint32_t depth, uint32_t hits, uint64_t pos);
 bool kva__ghost_live(struct kva_arena *a, uint64_t info);
-bool kva__publish_room(struct kva_worker *w);
+bool kva__publish_room(struct kva_worker *w, uint32_t id);
+void kva__publish_done(struct kva_worker *w, bool published);
+uint64_t kva__pub_sum(struct kva_arena *a);
+uint32_t kva__pub_settled(struct kva_arena *a, uint32_t slot, uint32_t gen, uint64_t word);
 
 
 /* A slot whose worker may hold blocks. */

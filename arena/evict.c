@@ -88,32 +88,92 @@ int kva_arena_set_cache_limit(struct kva_arena *a, uint64_t blocks)
 	return 0;
 }
 
+/* Our pub[] word: ours alone to write (arena_pvt.h). */
+static uint64_t pub_mine(struct kva_worker *w)
+{
+	return atomic_load_explicit(&w->arena->pool->pub[w->slot_id], memory_order_relaxed);
+}
+
+static void pub_set(struct kva_worker *w, uint32_t count, uint32_t op)
+{
+	atomic_store_explicit(&w->arena->pool->pub[w->slot_id], kva__pub_word(count, op),
+			      memory_order_relaxed);
+}
+
+/* kva__pub_sum - the published-block count as the slots' words say it, their
+ * operations in flight included: what the cache limit is held against. */
+uint64_t kva__pub_sum(struct kva_arena *a)
+{
+	uint32_t sum = 0;
+
+	for (uint32_t i = 0; i < a->max_workers; i++)
+		sum += kva__pub_count(atomic_load_explicit(&a->pool->pub[i], memory_order_relaxed));
+	return sum;
+}
+
 /*
- * kva__publish_room - count one more published block, evicting (and
- * freeing) a cached one first if the cache limit says so. false: at the
- * limit with nothing evictable; the caller does not publish.
+ * kva__pub_settled - slot @slot's share of the count with @word's operation
+ * in flight settled as if the worker had died there: a publication whose
+ * block is still OWNED by the slot's generation @gen did not land (its
+ * reservation goes); an eviction whose block is OWNED by it did (one block
+ * fewer). The worker writes nothing between its CAS or store and settling
+ * the word itself, so these are the only states its block can be in.
  */
-bool kva__publish_room(struct kva_worker *w)
+uint32_t kva__pub_settled(struct kva_arena *a, uint32_t slot, uint32_t gen, uint64_t word)
+{
+	uint32_t op = kva__pub_op(word), id = (op & ~KVA__PUB_EVICT) - 1;
+	const uint64_t tag_mask = ~(KVA__D_EPOCH_MASK << KVA__D_EPOCH_SHIFT);
+	uint64_t d;
+
+	if (!op || id >= a->blocks) /* none, or a word nobody wrote as such */
+		return kva__pub_count(word);
+	d = atomic_load_explicit(&a->desc[id], memory_order_relaxed);
+	if ((d & tag_mask) == kva__d_make(KVA__D_OWNED, 0, kva__owner_tag(slot, gen)))
+		return kva__pub_count(word) - 1;
+	return kva__pub_count(word);
+}
+
+/*
+ * kva__publish_room - reserve a place for @id among the published blocks,
+ * evicting (and freeing) a cached one first if the cache limit says so.
+ * false: at the limit with nothing evictable; the caller does not publish.
+ * On true the caller ends with kva__publish_done().
+ *
+ * The limit holds exactly against concurrent publishers: each stores its
+ * reservation, then (seq_cst fence) reads everyone's. Of two reservers, the
+ * later in the fences' total order reads both reservations, so they cannot
+ * both see room for one (a Dekker pair); a reserver that sees too many
+ * withdraws and evicts, or gives up.
+ */
+bool kva__publish_room(struct kva_worker *w, uint32_t id)
 {
 	struct kva__pool *p = w->arena->pool;
 	uint64_t lim = atomic_load_explicit(&p->cache_limit, memory_order_relaxed);
-	uint64_t n = atomic_load_explicit(&p->published, memory_order_relaxed);
 
 	for (;;) {
-		uint32_t id;
+		uint32_t c = kva__pub_count(pub_mine(w)), victim;
 
-		if (!lim || n < lim) {
-			if (atomic_compare_exchange_weak_explicit(&p->published, &n, n + 1,
-								  memory_order_relaxed,
-								  memory_order_relaxed))
-				return true;
-			continue;
-		}
-		if (!kva__evict(w, 1, &id))
+		pub_set(w, c + 1, id + 1);
+		if (!lim)
+			return true;
+		/* pairs with the same fence of every other reserver */
+		atomic_thread_fence(memory_order_seq_cst);
+		if (kva__pub_sum(w->arena) <= lim)
+			return true;
+		pub_set(w, c, 0);
+		if (!kva__evict(w, 1, &victim))
 			return false;
-		kva__pool_release_one(w, id);
-		n = atomic_load_explicit(&p->published, memory_order_relaxed);
+		kva__pool_release_one(w, victim);
 	}
+}
+
+/* kva__publish_done - the publication reserved by kva__publish_room() landed
+ * (the block is SHARED|PUB) or was given up (the block is still ours). */
+void kva__publish_done(struct kva_worker *w, bool published)
+{
+	uint32_t c = kva__pub_count(pub_mine(w));
+
+	pub_set(w, published ? c : c - 1, 0);
 }
 
 /*
@@ -175,22 +235,30 @@ static uint64_t rank(uint64_t h)
 	       (0xffff - hint_depth(h));
 }
 
-/* the eviction CAS; true if the block is now ours */
+/*
+ * the eviction CAS; true if the block is now ours. Our pub[] word says which
+ * block we are about to take before the CAS and counts it out after: a death
+ * between the two is settled by reclaim from the block's descriptor.
+ */
 static bool take(struct kva_worker *w, uint32_t id, uint64_t d)
 {
 	struct kva_arena *a = w->arena;
+	uint32_t c = kva__pub_count(pub_mine(w));
 	uint64_t pos;
 
 	if (kva__d_kind(d) != KVA__D_CACHED)
 		return false;
+	pub_set(w, c, (id + 1) | KVA__PUB_EVICT);
 	/* acquire: the last holder's reads of the block (its release CAS)
 	 * come before we hand the block out to be written */
 	if (!atomic_compare_exchange_strong_explicit(
 		    &w->desc[id], &d, kva__d_make(KVA__D_OWNED, kva__d_epoch(d) + 1, w->owner_payload),
-		    memory_order_acquire, memory_order_relaxed))
+		    memory_order_acquire, memory_order_relaxed)) {
+		pub_set(w, c, 0);
 		return false;
-	atomic_fetch_sub_explicit(&a->pool->published, 1, memory_order_relaxed);
+	}
 	KVA__CRASH_POINT(KVA__CP_EVICT_TAKEN);
+	pub_set(w, c - 1, 0);
 	pos = atomic_load_explicit(&a->bmeta[id].entry, memory_order_relaxed);
 	if (pos) /* the entry stays as a ghost: this key's history */
 		kva__index_remove(a, pos - 1, id, kva__d_epoch(d),
@@ -261,6 +329,14 @@ static int cmp_u64(const void *x, const void *y)
 	return a < b ? -1 : a > b;
 }
 
+/* w->ranks, allocated once per worker: RANKS at most. NULL without memory. */
+static uint64_t *ranks_buffer(struct kva_worker *w)
+{
+	if (!w->ranks)
+		w->ranks = malloc(sizeof(*w->ranks) * RANKS);
+	return w->ranks;
+}
+
 static uint32_t evict_prefix(struct kva_worker *w, uint32_t want, uint32_t *ids)
 {
 	struct kva_arena *a = w->arena;
@@ -268,6 +344,8 @@ static uint32_t evict_prefix(struct kva_worker *w, uint32_t want, uint32_t *ids)
 	uint32_t got = 0, n = 0, scanned = 0, limit = a->blocks < RANKS ? a->blocks : RANKS;
 	uint32_t resets = 0;
 
+	if (!ranks_buffer(w))
+		return 0; /* no memory for a threshold: the exhaustive pass */
 	while (got < want) {
 		uint32_t id = next_id(w);
 		uint64_t d = atomic_load_explicit(&w->desc[id], memory_order_relaxed), r;
@@ -280,9 +358,6 @@ static uint32_t evict_prefix(struct kva_worker *w, uint32_t want, uint32_t *ids)
 				scanned = n = resets = 0;
 				continue;
 			}
-			/* once per worker, not per eviction: RANKS at most */
-			if (!w->ranks && !(w->ranks = malloc(sizeof(*w->ranks) * RANKS)))
-				return got; /* no memory for the threshold: what we have */
 			if (n < limit)
 				w->ranks[n++] = r;
 		}
@@ -290,7 +365,8 @@ static uint32_t evict_prefix(struct kva_worker *w, uint32_t want, uint32_t *ids)
 			continue;
 		/* a stretch without a victim: a new threshold from its ranks */
 		if (!n || ++resets > 4)
-			break; /* nothing cached (or every victim taken under us) */
+			break; /* few cached near the hand, or every victim taken under
+				* us: the exhaustive pass decides */
 		qsort(w->ranks, n, sizeof(*w->ranks), cmp_u64);
 		thr = w->ranks[(n - 1) / QUANTILE];
 		atomic_store_explicit(&a->pool->threshold, thr, memory_order_relaxed);
@@ -300,19 +376,70 @@ static uint32_t evict_prefix(struct kva_worker *w, uint32_t want, uint32_t *ids)
 }
 
 /*
+ * evict_exhaustive - what the policy's sweep could not find: every id once,
+ * from the hand on. PREFIX ranks every cached block first (up to RANKS of
+ * them) and takes the @want lowest, then anything cached that is left; CLOCK
+ * takes what is cached, REF or not. So -ENOSPC means that at every id this
+ * worker looked at, nothing was evictable: the sweep alone gives up after
+ * 8192 ids, or 2 turns of a hand shared with other evictors.
+ */
+static uint32_t evict_exhaustive(struct kva_worker *w, uint32_t want, uint32_t *ids, bool ranked)
+{
+	struct kva_arena *a = w->arena;
+	uint32_t start = atomic_load_explicit(&a->pool->hand, memory_order_relaxed) % a->blocks;
+	uint32_t got = 0, n = 0;
+	uint64_t thr = UINT64_MAX;
+
+	if (ranked && ranks_buffer(w)) {
+		for (uint32_t i = 0, id = start; i < a->blocks; i++, id = id + 1 == a->blocks ? 0 : id + 1)
+			if (n < RANKS && kva__d_kind(atomic_load_explicit(
+						 &w->desc[id], memory_order_relaxed)) == KVA__D_CACHED)
+				w->ranks[n++] = rank(atomic_load_explicit(&a->bmeta[id].hint,
+									  memory_order_relaxed));
+		if (!n)
+			return 0;
+		qsort(w->ranks, n, sizeof(*w->ranks), cmp_u64);
+		thr = w->ranks[(want < n ? want : n) - 1];
+	}
+	for (;;) {
+		for (uint32_t i = 0, id = start; i < a->blocks && got < want;
+		     i++, id = id + 1 == a->blocks ? 0 : id + 1) {
+			uint64_t d = atomic_load_explicit(&w->desc[id], memory_order_relaxed);
+
+			if (kva__d_kind(d) == KVA__D_CACHED &&
+			    (thr == UINT64_MAX ||
+			     rank(atomic_load_explicit(&a->bmeta[id].hint, memory_order_relaxed)) <= thr) &&
+			    take(w, id, d))
+				ids[got++] = id;
+		}
+		if (got == want || thr == UINT64_MAX)
+			return got;
+		thr = UINT64_MAX; /* the lowest were taken under us: anything */
+	}
+}
+
+/*
  * kva__evict - up to @want cached blocks, now OWNED by @w (not yet in its
- * held[]), in @ids. Returns how many.
+ * held[]), in @ids. Returns how many; fewer than @want only if nothing more
+ * was evictable (evict_exhaustive).
  */
 uint32_t kva__evict(struct kva_worker *w, uint32_t want, uint32_t *ids)
 {
 	struct kva_arena *a = w->arena;
+	bool clock;
 	uint32_t got;
 
 	if (!want)
 		return 0;
-	got = atomic_load_explicit(&a->pool->policy, memory_order_relaxed) == KVA_EVICT_CLOCK
-		      ? evict_clock(w, want, ids)
-		      : evict_prefix(w, want, ids);
+	/* The published count is never below the number of published blocks
+	 * (a publication is counted before it lands, an eviction after): zero
+	 * means nothing is cached, and no scan is needed to say so. */
+	if (!kva__pub_sum(a))
+		return 0;
+	clock = atomic_load_explicit(&a->pool->policy, memory_order_relaxed) == KVA_EVICT_CLOCK;
+	got = clock ? evict_clock(w, want, ids) : evict_prefix(w, want, ids);
+	if (got < want)
+		got += evict_exhaustive(w, want - got, ids + got, !clock);
 	if (got)
 		atomic_store_explicit(&w->slot->sc[KVA__SC_EVICTIONS],
 				      atomic_load_explicit(&w->slot->sc[KVA__SC_EVICTIONS],

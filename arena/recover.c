@@ -18,6 +18,8 @@
  * index from shared memory as untrusted.
  */
 #include <errno.h>
+#include <stdarg.h>
+#include <stdio.h>
 #include <string.h>
 #include <time.h>
 #include <unistd.h>
@@ -221,6 +223,15 @@ int kva_arena_reclaim(struct kva_arena *a, uint32_t slot, struct kva_reclaim_rep
 	kva__slot_name(s, r->name);
 	dead_gen = (kva__slot_gen(word) - 1) & KVA__S_GEN_MASK;
 
+	/* Its publication or eviction in flight, settled from the block's
+	 * descriptor before the sweep changes it. One store: done twice (a
+	 * reclaimer that takes over) it finds nothing in flight. */
+	atomic_store_explicit(&a->pool->pub[slot],
+			      kva__pub_word(kva__pub_settled(a, slot, dead_gen,
+							     atomic_load_explicit(&a->pool->pub[slot],
+										  memory_order_relaxed)),
+					    0),
+			      memory_order_relaxed);
 	sweep(a, slot, dead_gen, r);
 	/* died inside an index insert: its BUSY entries become tombstones */
 	if (atomic_load_explicit(&s->inserting, memory_order_relaxed))
@@ -245,7 +256,26 @@ struct slots_view {
 	uint64_t joined;             /* bit per slot that may hold blocks */
 	uint64_t all;                /* bit per slot that exists */
 	uint32_t gen[KVA_MAX_WORKERS];
+	uint32_t kind[KVA_MAX_WORKERS];
 };
+
+static const char *const slot_kind_name[] = { "free", "joining", "live", "being reclaimed" };
+
+/* the first problem, in one line (the report's first_problem) */
+static void problem(struct kva_check_report *r, int64_t block, const char *fmt, ...)
+	__attribute__((format(printf, 3, 4)));
+static void problem(struct kva_check_report *r, int64_t block, const char *fmt, ...)
+{
+	va_list ap;
+
+	if (r->first_problem[0])
+		return;
+	va_start(ap, fmt);
+	vsnprintf(r->first_problem, sizeof(r->first_problem), fmt, ap);
+	va_end(ap);
+	if (block >= 0 && r->first_bad_block < 0)
+		r->first_bad_block = block;
+}
 
 /* check_one - account one descriptor in @r; false if it breaks the invariant. */
 static bool check_one(struct kva_arena *a, uint32_t id, uint64_t d, const struct slots_view *v,
@@ -258,6 +288,8 @@ static bool check_one(struct kva_arena *a, uint32_t id, uint64_t d, const struct
 	    (kva__d_kind(d) == KVA__D_CACHED && (flags & KVA__D_PUB)) ||
 	    (kva__d_kind(d) == KVA__D_SHARED && (flags & KVA__D_REF) && !(flags & KVA__D_PUB))) {
 		r->bad_descriptors++;
+		problem(r, id, "block %u: descriptor %#llx has flags no state has", id,
+			(unsigned long long)d);
 		return false;
 	}
 	switch (kva__d_kind(d)) {
@@ -267,6 +299,8 @@ static bool check_one(struct kva_arena *a, uint32_t id, uint64_t d, const struct
 		r->free_blocks++;
 		if (p) {
 			r->bad_descriptors++;
+			problem(r, id, "block %u: free, with a payload (%#llx)", id,
+				(unsigned long long)p);
 			return false;
 		}
 		/* findable: its l0 bit, and its l0 word's l1 bit */
@@ -274,6 +308,8 @@ static bool check_one(struct kva_arena *a, uint32_t id, uint64_t d, const struct
 		    !(atomic_load_explicit(&a->l1[i / 64], memory_order_relaxed) &
 		      (1ull << (i % 64)))) {
 			r->hints_missing++;
+			problem(r, id, "block %u: free, but its hint bits are clear: allocators "
+				"cannot find it", id);
 			return false;
 		}
 		return true;
@@ -284,10 +320,14 @@ static bool check_one(struct kva_arena *a, uint32_t id, uint64_t d, const struct
 		r->owned_blocks++;
 		if ((p >> 32) || s >= a->max_workers) {
 			r->bad_descriptors++;
+			problem(r, id, "block %u: owned by slot %u, which does not exist", id, s);
 			return false;
 		}
 		if (!(v->joined & (1ull << s)) || kva__tag_gen(p) != v->gen[s]) {
 			r->stale_owners++;
+			problem(r, id, "block %u: owned by slot %u generation %u, but slot %u is "
+				"%s at generation %u", id, s, kva__tag_gen(p), s,
+				slot_kind_name[v->kind[s]], v->gen[s]);
 			return false;
 		}
 		return true;
@@ -295,19 +335,29 @@ static bool check_one(struct kva_arena *a, uint32_t id, uint64_t d, const struct
 	case KVA__D_SHARED:
 		r->shared_blocks++;
 		r->shared_refs += (uint32_t)__builtin_popcountll(p);
+		r->published_blocks += !!(d & KVA__D_PUB);
 		if (!p || (p & ~v->all)) {
 			r->bad_descriptors++;
+			problem(r, id, "block %u: shared by %s", id,
+				p ? "slots that do not exist" : "no slot");
 			return false;
 		}
 		if (p & ~v->joined) {
+			uint32_t s = (uint32_t)__builtin_ctzll(p & ~v->joined);
+
 			r->dead_holders += (uint32_t)__builtin_popcountll(p & ~v->joined);
+			problem(r, id, "block %u: held by slot %u, which is %s (generation %u)", id,
+				s, slot_kind_name[v->kind[s]], v->gen[s]);
 			return false;
 		}
 		return true;
 	case KVA__D_CACHED:
 		r->cached_blocks++;
+		r->published_blocks++;
 		if (p) {
 			r->bad_descriptors++;
+			problem(r, id, "block %u: cached, with a payload (%#llx)", id,
+				(unsigned long long)p);
 			return false;
 		}
 		return true;
@@ -317,10 +367,82 @@ static bool check_one(struct kva_arena *a, uint32_t id, uint64_t d, const struct
 	}
 }
 
+/* entry @pos's key, read once (check runs over a quiet arena; a moving one
+ * may show a mismatch that a second look does not) */
+static void entry_key(struct kva_arena *a, uint64_t pos, uint64_t k[2])
+{
+	k[0] = atomic_load_explicit(&a->idx[pos].key[0], memory_order_relaxed);
+	k[1] = atomic_load_explicit(&a->idx[pos].key[1], memory_order_relaxed);
+}
+
+static bool block_key_is(struct kva_arena *a, uint32_t b, const uint64_t k[2])
+{
+	return atomic_load_explicit(&a->bmeta[b].key[0], memory_order_relaxed) == k[0] &&
+	       atomic_load_explicit(&a->bmeta[b].key[1], memory_order_relaxed) == k[1];
+}
+
+/* a published block: its own entry names it, in this life, under its key */
+static void check_findable(struct kva_arena *a, uint32_t id, uint64_t d, struct kva_check_report *r)
+{
+	uint64_t pos = atomic_load_explicit(&a->bmeta[id].entry, memory_order_relaxed), c = 0, k[2];
+
+	if (pos && pos - 1 <= a->idx_mask)
+		c = atomic_load_explicit(&a->idx[pos - 1].ctrl, memory_order_relaxed);
+	if (kva__p_state(c) != KVA__P_VALID || kva__p_block(c) != id ||
+	    kva__p_epoch(c) != kva__d_epoch(d)) {
+		r->index_bad++;
+		problem(r, id, "block %u: %s, but no index entry names it", id,
+			kva__d_kind(d) == KVA__D_CACHED ? "cached" : "published");
+		return;
+	}
+	entry_key(a, pos - 1, k);
+	if (!block_key_is(a, id, k)) {
+		r->index_bad++;
+		problem(r, id, "block %u: its index entry %llu holds another key than the one "
+			"it was published under", id, (unsigned long long)(pos - 1));
+	}
+}
+
+/* every VALID entry: the block of its life is published, under its key */
+static void check_index(struct kva_arena *a, struct kva_check_report *r)
+{
+	for (uint64_t pos = 0; pos <= a->idx_mask; pos++) {
+		uint64_t c = atomic_load_explicit(&a->idx[pos].ctrl, memory_order_relaxed), d, k[2];
+		uint32_t b = kva__p_block(c);
+
+		if (kva__p_state(c) != KVA__P_VALID)
+			continue;
+		if (b >= a->blocks) {
+			r->index_bad++;
+			problem(r, -1, "index entry %llu: names block %u, past the arena's %u",
+				(unsigned long long)pos, b, a->blocks);
+			continue;
+		}
+		d = atomic_load_explicit(&a->desc[b], memory_order_relaxed);
+		if (kva__d_epoch(d) != kva__p_epoch(c))
+			continue; /* an older life's: stale, removed by whoever meets it */
+		if (kva__d_kind(d) != KVA__D_CACHED &&
+		    !(kva__d_kind(d) == KVA__D_SHARED && (d & KVA__D_PUB))) {
+			r->index_bad++;
+			problem(r, b, "index entry %llu: names block %u, which is %s in that life",
+				(unsigned long long)pos, b,
+				kva__d_kind(d) == KVA__D_FREE ? "free" : "not published");
+			continue;
+		}
+		entry_key(a, pos, k);
+		if (!block_key_is(a, b, k)) {
+			r->index_bad++;
+			problem(r, b, "index entry %llu: names block %u, published under another "
+				"key", (unsigned long long)pos, b);
+		}
+	}
+}
+
 int kva_arena_check(struct kva_arena *a, struct kva_check_report *r)
 {
 	struct kva_check_report local;
 	struct slots_view v = { 0 };
+	uint32_t count = 0;
 
 	if (!r)
 		r = &local;
@@ -331,8 +453,18 @@ int kva_arena_check(struct kva_arena *a, struct kva_check_report *r)
 	v.all = (1ull << a->max_workers) - 1; /* max_workers <= 48 */
 	for (uint32_t s = 0; s < a->max_workers; s++) {
 		uint64_t st = atomic_load_explicit(&a->slots[s].state, memory_order_acquire);
+		uint64_t pw = atomic_load_explicit(&a->pool->pub[s], memory_order_relaxed);
 
 		v.gen[s] = kva__slot_gen(st);
+		v.kind[s] = kva__slot_kind(st);
+		/* the slot's share of the published count; a live worker's (or a
+		 * dead one's) operation in flight settled as reclaim would: the
+		 * generation of its blocks is the state's, or the one before it
+		 * once the slot is being reclaimed or free */
+		count += kva__pub_settled(a, s,
+					  kva__slot_joined(st) ? v.gen[s]
+							       : (v.gen[s] - 1) & KVA__S_GEN_MASK,
+					  pw);
 		if (!kva__slot_joined(st))
 			continue;
 		v.joined |= 1ull << s;
@@ -345,48 +477,25 @@ int kva_arena_check(struct kva_arena *a, struct kva_check_report *r)
 
 		if (!check_one(a, id, d, &v, r) && r->first_bad_block < 0)
 			r->first_bad_block = id;
-		/* a cached block is findable: its entry names it */
-		if (kva__d_kind(d) == KVA__D_CACHED) {
-			uint64_t pos = atomic_load_explicit(&a->bmeta[id].entry, memory_order_relaxed);
-			uint64_t c = pos && pos - 1 <= a->idx_mask
-					     ? atomic_load_explicit(&a->idx[pos - 1].ctrl,
-								    memory_order_relaxed)
-					     : 0;
-
-			if (kva__p_state(c) != KVA__P_VALID || kva__p_block(c) != id ||
-			    kva__p_epoch(c) != kva__d_epoch(d)) {
-				r->index_bad++;
-				if (r->first_bad_block < 0)
-					r->first_bad_block = id;
-			}
-		}
+		if (kva__d_kind(d) == KVA__D_CACHED ||
+		    (kva__d_kind(d) == KVA__D_SHARED && (d & KVA__D_PUB)))
+			check_findable(a, id, d, r);
 	}
-	/* no block both free and indexed: an entry of the block's current life
-	 * names a published block (older lives' entries are stale, harmless) */
-	for (uint64_t pos = 0; pos <= a->idx_mask; pos++) {
-		uint64_t c = atomic_load_explicit(&a->idx[pos].ctrl, memory_order_relaxed), d;
-		uint32_t b = kva__p_block(c);
-
-		if (kva__p_state(c) != KVA__P_VALID)
-			continue;
-		if (b >= a->blocks) {
-			r->index_bad++;
-			continue;
-		}
-		d = atomic_load_explicit(&a->desc[b], memory_order_relaxed);
-		if (kva__d_epoch(d) == kva__p_epoch(c) && kva__d_kind(d) != KVA__D_CACHED &&
-		    !(kva__d_kind(d) == KVA__D_SHARED && (d & KVA__D_PUB))) {
-			r->index_bad++;
-			if (r->first_bad_block < 0)
-				r->first_bad_block = b;
-		}
+	check_index(a, r);
+	r->published_count = count;
+	if (r->published_count != r->published_blocks) {
+		r->published_bad = 1;
+		problem(r, -1, "the published count (the cache limit's) is %llu, but %u blocks "
+			"are published", (unsigned long long)r->published_count,
+			r->published_blocks);
 	}
 	if (r->bad_descriptors || r->stale_owners || r->dead_holders || r->hints_missing ||
-	    r->index_bad)
+	    r->index_bad || r->published_bad)
 		return kva__err(-EUCLEAN, "check: %u bad descriptors, %u stale owners, %u dead "
-				"holders, %u unfindable free blocks, %u bad index entries (first "
-				"at block %lld)",
+				"holders, %u unfindable free blocks, %u bad index entries, "
+				"published count %s; first: %s",
 				r->bad_descriptors, r->stale_owners, r->dead_holders,
-				r->hints_missing, r->index_bad, (long long)r->first_bad_block);
+				r->hints_missing, r->index_bad, r->published_bad ? "wrong" : "right",
+				r->first_problem);
 	return 0;
 }

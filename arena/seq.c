@@ -133,11 +133,16 @@ int kva_arena_set_quotas(struct kva_arena *a, const struct kva_quotas *q)
 	return 0;
 }
 
+/* room for @n more ids in the block table; every caller has bounded
+ * n_blocks + n by the arena's block count, and this checks it again */
 static int table_room(struct kva_seq *s, size_t n)
 {
 	size_t cap = s->cap ? s->cap : 16;
 	uint32_t *ids;
 
+	if (n > s->w->arena->blocks - s->n_blocks)
+		return kva__err(-ENOSPC, "sequence: %zu blocks more than its %zu, the arena has %u",
+				n, s->n_blocks, s->w->arena->blocks);
 	if (s->n_blocks + n <= s->cap)
 		return 0;
 	while (cap < s->n_blocks + n)
@@ -150,12 +155,16 @@ static int table_room(struct kva_seq *s, size_t n)
 	return 0;
 }
 
-/* blocks needed to cover @tokens */
+/* blocks needed to cover @tokens: no overflow for any size_t */
 static size_t blocks_for(const struct kva_seq *s, size_t tokens)
 {
-	return (tokens + btok(s) - 1) / btok(s);
+	return tokens / btok(s) + (tokens % btok(s) != 0);
 }
 
+/*
+ * reserve_blocks - blocks to cover @upto_tokens, all or nothing. A size no
+ * arena could hold is refused before anything is allocated or changed.
+ */
 static int reserve_blocks(struct kva_seq *s, size_t upto_tokens)
 {
 	size_t need = blocks_for(s, upto_tokens);
@@ -166,9 +175,10 @@ static int reserve_blocks(struct kva_seq *s, size_t upto_tokens)
 				upto_tokens, s->max_tokens);
 	if (need <= s->n_blocks)
 		return 0;
+	if (need > s->w->arena->blocks)
+		return kva__err(-ENOSPC, "reserve: %zu tokens need %zu blocks, the arena has %u",
+				upto_tokens, need, s->w->arena->blocks);
 	need -= s->n_blocks;
-	if (need > UINT32_MAX)
-		return kva__err(-ENOSPC, "reserve: %zu blocks", need);
 	if ((ret = quota_check(s, need)) < 0 || (ret = table_room(s, need)) < 0)
 		return ret;
 	if ((ret = kva_alloc(s->w, (uint32_t)need, s->ids + s->n_blocks)) < 0)
@@ -212,7 +222,9 @@ int kva_seq_open(struct kva_worker *w, const struct kva_seq_opts *o, struct kva_
 	}
 	u32_add(&w->slot->open_seqs, 1);
 	if (o->reserve_tokens && (ret = reserve_blocks(s, o->reserve_tokens)) < 0) {
+		kva__err_hold(true);
 		kva_seq_close(s);
+		kva__err_hold(false);
 		return ret;
 	}
 	*out = s;
@@ -271,6 +283,16 @@ static bool join(struct kva_seq *s, const struct kva__found *f, const uint64_t k
 	 * lives between our lookup and our CAS the entry's (block, epoch) may
 	 * name another prefix's publication. The key cannot. */
 	if (!block_has_key(a, b, key)) {
+		/* the entry is an older life's (its block has another key now):
+		 * gone, for whoever comes next. While we hold the block no new
+		 * publication of it can make the same ctrl word again, so the
+		 * CAS cannot take a live entry. */
+		uint64_t c = f->ctrl;
+
+		if (atomic_compare_exchange_strong_explicit(&a->idx[f->pos].ctrl, &c,
+							    kva__p_make(KVA__P_TOMB, 0, 0, 0),
+							    memory_order_relaxed, memory_order_relaxed))
+			sc_add(w, KVA__SC_STALE, 1);
 		kva_free(w, &b, 1);
 		return false;
 	}
@@ -299,6 +321,10 @@ int kva_seq_match(struct kva_seq *s, const int32_t *tokens, size_t n, size_t *ma
 	full = n / bt;
 	if (s->max_tokens && full * bt > s->max_tokens)
 		full = s->max_tokens / bt;
+	/* each matched block is another key, so another block: no match is
+	 * longer than the arena, whatever @n says */
+	if (full > a->blocks)
+		full = a->blocks;
 	if ((ret = kva__worker_check_live(w)) < 0)
 		return ret;
 	if (!full)
@@ -328,17 +354,15 @@ int kva_seq_match(struct kva_seq *s, const int32_t *tokens, size_t n, size_t *ma
 	sc_add(w, KVA__SC_MISSES, full - m);
 	if (!m)
 		return 0;
-	if ((ret = quota_check(s, m)) < 0) {
-		kva_free(w, got, (uint32_t)m);
-		return ret;
-	}
+	if ((ret = quota_check(s, m)) < 0)
+		goto drop;
 	/* matched blocks first, then what was reserved */
 	if (s->n_blocks) {
 		uint32_t *tmp = malloc(m * sizeof(*tmp));
 
 		if (!tmp) {
-			kva_free(w, got, (uint32_t)m);
-			return kva__err(-ENOMEM, "seq_match: out of memory");
+			ret = kva__err(-ENOMEM, "seq_match: out of memory");
+			goto drop;
 		}
 		memcpy(tmp, got, m * sizeof(*tmp));
 		memmove(s->ids + m, s->ids, s->n_blocks * sizeof(*s->ids));
@@ -353,6 +377,11 @@ int kva_seq_match(struct kva_seq *s, const int32_t *tokens, size_t n, size_t *ma
 	s->key[1] = key[1];
 	*matched_tokens = s->n_tokens;
 	return 0;
+drop:
+	kva__err_hold(true);
+	kva_free(w, got, (uint32_t)m);
+	kva__err_hold(false);
+	return ret;
 }
 
 int kva_seq_reserve(struct kva_seq *s, size_t n_tokens)
@@ -425,14 +454,14 @@ static void publish(struct kva_seq *s, size_t i, const uint64_t key[2])
 	/* ours alone: nobody else writes its descriptor, so it cannot move */
 	d = atomic_load_explicit(&w->desc[id], memory_order_relaxed);
 	info = (i ? (uint64_t)s->ids[i - 1] + 1 : 0) | ((uint64_t)i << 32);
-	if (!kva__publish_room(w)) {
+	if (!kva__publish_room(w, id)) {
 		sc_add(w, KVA__SC_INDEX_FULL, 1);
 		return;
 	}
 	KVA__CRASH_POINT(KVA__CP_PUBLISH_COUNTED);
 	ret = kva__index_insert(w, key, id, kva__d_epoch(d), info, &pos, &uses);
 	if (ret < 0) {
-		atomic_fetch_sub_explicit(&a->pool->published, 1, memory_order_relaxed);
+		kva__publish_done(w, false);
 		sc_add(w, ret == -EEXIST ? KVA__SC_DUPLICATES : KVA__SC_INDEX_FULL, 1);
 		return;
 	}
@@ -445,6 +474,7 @@ static void publish(struct kva_seq *s, size_t i, const uint64_t key[2])
 	atomic_store_explicit(&w->desc[id],
 			      kva__d_make(KVA__D_SHARED, kva__d_epoch(d), w->holder_bit) | KVA__D_PUB,
 			      memory_order_release);
+	kva__publish_done(w, true);
 	w->c.held[id] = 1;
 	sc_add(w, KVA__SC_PUBLISHED, 1);
 }

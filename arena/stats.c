@@ -118,7 +118,7 @@ int kva_arena_prefix_stats(struct kva_arena *a, struct kva_prefix_stats *st)
 	st->evictions = sc[KVA__SC_EVICTIONS];
 	st->stale_entries = sc[KVA__SC_STALE];
 	st->index_full = sc[KVA__SC_INDEX_FULL];
-	st->published_now = atomic_load_explicit(&a->pool->published, memory_order_relaxed);
+	st->published_now = kva__pub_sum(a);
 	st->cache_limit = atomic_load_explicit(&a->pool->cache_limit, memory_order_relaxed);
 	for (unsigned k = 0; k < KVA_OWNER_KINDS; k++)
 		st->quotas.kind[k] = atomic_load_explicit(&a->pool->quota_kind[k],

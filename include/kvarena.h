@@ -401,16 +401,27 @@ struct kva_check_report {
 				   * information, not a breach (reclaim is the fix) */
 	int64_t first_bad_block;  /* -1 if none */
 	uint32_t cached_blocks;   /* published prefix blocks nobody holds (evictable) */
-	uint32_t index_bad;       /* index entries naming a block that is neither
-				   * published nor of another life (see kva_arena_check) */
+	uint32_t index_bad;       /* index entries naming a published block under
+				   * another key, published blocks no entry names, or
+				   * entries naming a free or private block of their life */
+	uint32_t published_blocks; /* cached, or shared and published */
+	uint64_t published_count;  /* the count the cache limit is held against, with
+				    * each slot's operation in flight settled */
+	uint32_t published_bad;    /* 1 if published_count != published_blocks */
+	char first_problem[160];   /* the first breach found, in one line: what is
+				    * wrong and where; "" if none */
 };
 
 /*
  * kva_arena_check - verify the global invariant: every block is exactly one of
  * free (and findable), owned by one joined slot of the current generation, or
  * shared with holders that are all joined slots (refcount = holders, by
- * construction). Exact when no worker is inside an arena call.
- * Return: 0 if it holds, -EUCLEAN if not (the report says what).
+ * construction); every published block is named by an index entry under the
+ * key it was published with, and no entry names another key's publication;
+ * the published-block count is the number of published blocks.
+ * Exact when no worker is inside an arena call.
+ * Return: 0 if it holds, -EUCLEAN if not (the report says what, and
+ * kva_errmsg() gives the counts and the first problem in one line).
  */
 int kva_arena_check(struct kva_arena *a, struct kva_check_report *r);
 

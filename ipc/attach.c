@@ -147,10 +147,12 @@ int kva_attach(const char *socket_path, const char *name, struct kva_worker **ou
 	(*out)->on_leave_ctx = at;
 	return 0;
 fail:
-	send_bye(fd); /* the agent takes its reservation back */
+	kva__err_hold(true); /* the message is the cause, not the cleanup's */
+	send_bye(fd);        /* the agent takes its reservation back */
 	close(fd);
 	kva_arena_close(a);
 	free(at);
+	kva__err_hold(false);
 	return ret;
 }
 
