@@ -86,26 +86,46 @@ static uint64_t sum_slots_tenant(struct kva_arena *a, int q)
 	return sum;
 }
 
-static int quota_check(struct kva_seq *s, uint64_t more)
+/*
+ * quota_take - count @more blocks of sequence @s against its owner kind's and
+ * tenant's quotas, or -EDQUOT with nothing counted. The caller gives them
+ * back (usage_add of -@more) if it then fails.
+ *
+ * Exact against concurrent takers in any process: our usage is stored first,
+ * then (seq_cst fence) every slot's is read. Of two takers, the one whose
+ * fence comes later in their total order reads both stores, so the two
+ * cannot both see room for one (a Dekker pair): what sequences hold never
+ * passes a quota; two takers at once may both be refused where one would
+ * have fitted.
+ */
+static int quota_take(struct kva_seq *s, uint64_t more)
 {
 	struct kva_arena *a = s->w->arena;
 	static const char *const kinds[] = { "inference", "training", "pinned" };
 	uint32_t lim = atomic_load_explicit(&a->pool->quota_kind[s->kind], memory_order_relaxed);
+	uint32_t tlim = s->tenant_q < 0 ? 0
+					: atomic_load_explicit(&a->pool->quota_tenant[s->tenant_q][1],
+							       memory_order_relaxed);
 	uint64_t used;
 
-	if (lim && (used = sum_slots_kind(a, s->kind)) + more > lim)
+	usage_add(s, (int64_t)more);
+	if (!lim && !tlim)
+		return 0;
+	/* pairs with the same fence of every other taker */
+	atomic_thread_fence(memory_order_seq_cst);
+	if (lim && (used = sum_slots_kind(a, s->kind)) > lim) {
+		usage_add(s, -(int64_t)more);
 		return kva__err(-EDQUOT, "quota: %s sequences hold %llu blocks, %llu more would "
 				"pass their quota of %u", kinds[s->kind],
-				(unsigned long long)used, (unsigned long long)more, lim);
-	if (s->tenant_q >= 0) {
-		lim = atomic_load_explicit(&a->pool->quota_tenant[s->tenant_q][1],
-					   memory_order_relaxed);
-		if (lim && (used = sum_slots_tenant(a, s->tenant_q)) + more > lim)
-			return kva__err(-EDQUOT, "quota: tenant %u holds %llu blocks, %llu more "
-					"would pass its quota of %u",
-					atomic_load_explicit(&a->pool->quota_tenant[s->tenant_q][0],
-							     memory_order_relaxed),
-					(unsigned long long)used, (unsigned long long)more, lim);
+				(unsigned long long)(used - more), (unsigned long long)more, lim);
+	}
+	if (tlim && (used = sum_slots_tenant(a, s->tenant_q)) > tlim) {
+		usage_add(s, -(int64_t)more);
+		return kva__err(-EDQUOT, "quota: tenant %u holds %llu blocks, %llu more would "
+				"pass its quota of %u",
+				atomic_load_explicit(&a->pool->quota_tenant[s->tenant_q][0],
+						     memory_order_relaxed),
+				(unsigned long long)(used - more), (unsigned long long)more, tlim);
 	}
 	return 0;
 }
@@ -179,12 +199,14 @@ static int reserve_blocks(struct kva_seq *s, size_t upto_tokens)
 		return kva__err(-ENOSPC, "reserve: %zu tokens need %zu blocks, the arena has %u",
 				upto_tokens, need, s->w->arena->blocks);
 	need -= s->n_blocks;
-	if ((ret = quota_check(s, need)) < 0 || (ret = table_room(s, need)) < 0)
+	if ((ret = quota_take(s, need)) < 0)
 		return ret;
-	if ((ret = kva_alloc(s->w, (uint32_t)need, s->ids + s->n_blocks)) < 0)
+	if ((ret = table_room(s, need)) < 0 ||
+	    (ret = kva_alloc(s->w, (uint32_t)need, s->ids + s->n_blocks)) < 0) {
+		usage_add(s, -(int64_t)need);
 		return ret;
+	}
 	s->n_blocks += need;
-	usage_add(s, (int64_t)need);
 	return 0;
 }
 
@@ -354,13 +376,14 @@ int kva_seq_match(struct kva_seq *s, const int32_t *tokens, size_t n, size_t *ma
 	sc_add(w, KVA__SC_MISSES, full - m);
 	if (!m)
 		return 0;
-	if ((ret = quota_check(s, m)) < 0)
+	if ((ret = quota_take(s, m)) < 0)
 		goto drop;
 	/* matched blocks first, then what was reserved */
 	if (s->n_blocks) {
 		uint32_t *tmp = malloc(m * sizeof(*tmp));
 
 		if (!tmp) {
+			usage_add(s, -(int64_t)m);
 			ret = kva__err(-ENOMEM, "seq_match: out of memory");
 			goto drop;
 		}
@@ -370,7 +393,6 @@ int kva_seq_match(struct kva_seq *s, const int32_t *tokens, size_t n, size_t *ma
 		free(tmp);
 	}
 	s->n_blocks += m;
-	usage_add(s, (int64_t)m);
 	s->n_tokens = m * bt;
 	s->n_hashed = m;
 	s->key[0] = key[0];
@@ -428,13 +450,17 @@ static int unshare_partial(struct kva_seq *s)
 	uint32_t fresh, old = s->ids[i];
 	int ret;
 
-	if ((ret = quota_check(s, 1)) < 0)
+	/* for a moment both blocks are held: the quota must have room */
+	if ((ret = quota_take(s, 1)) < 0)
 		return ret;
-	if ((ret = kva_alloc(w, 1, &fresh)) < 0)
+	if ((ret = kva_alloc(w, 1, &fresh)) < 0) {
+		usage_add(s, -1);
 		return ret;
+	}
 	block_copy(w->arena, fresh, old);
 	s->ids[i] = fresh;
 	kva_free(w, &old, 1);
+	usage_add(s, -1);
 	s->cow = false;
 	return 0;
 }
@@ -527,11 +553,13 @@ int kva_seq_fork(struct kva_seq *s, struct kva_seq **child)
 	used = blocks_for(s, s->n_tokens);
 	if (s->n_tokens % btok(s) && !s->w->arena->data)
 		return kva__err(-ENOTSUP, "seq_fork: the partial block cannot be copied here");
-	if ((ret = quota_check(s, used)) < 0)
+	if ((ret = quota_take(s, used)) < 0)
 		return ret;
 	c = malloc(sizeof(*c));
-	if (!c)
+	if (!c) {
+		usage_add(s, -(int64_t)used);
 		return kva__err(-ENOMEM, "seq_fork: out of memory");
+	}
 	*c = *s;
 	c->ids = NULL;
 	c->cap = 0;
@@ -542,12 +570,12 @@ int kva_seq_fork(struct kva_seq *s, struct kva_seq **child)
 		free(c->part);
 		free(c->ids);
 		free(c);
+		usage_add(s, -(int64_t)used); /* s's kind and tenant are c's */
 		return ret < 0 ? ret : kva__err(-ENOMEM, "seq_fork: out of memory");
 	}
 	memcpy(c->part, s->part, sizeof(int32_t) * btok(s));
 	memcpy(c->ids, s->ids, used * sizeof(*s->ids));
 	c->n_blocks = used;
-	usage_add(c, (int64_t)used);
 	u32_add(&s->w->slot->open_seqs, 1);
 	s->cow = c->cow = s->n_tokens % btok(s) != 0;
 	*child = c;

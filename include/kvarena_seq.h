@@ -139,8 +139,9 @@ struct kva_quotas {
 /*
  * kva_arena_set_policy / kva_arena_set_quotas - by the arena's creator (the
  * agent), before or while workers run. Read by workers on their slow paths.
- * A quota is checked against the sum of every slot's usage: two workers
- * reserving at the same instant may overshoot it by at most one request each.
+ * A quota is checked against the sum of every slot's usage after the taker
+ * has counted its own: what sequences hold never passes it; two workers
+ * reserving at the same instant may both be refused where one would fit.
  */
 int kva_arena_set_policy(struct kva_arena *a, enum kva_evict_policy p);
 /* At most @blocks published blocks (cached or held) at once, 0 = no limit: a

@@ -513,6 +513,67 @@ static void test_quotas_and_pinned(void **state)
 	kva_arena_close(a);
 }
 
+/* two threads at a barrier, each reserving 6 blocks against a quota of 10 */
+struct quota_race {
+	struct kva_arena *a;
+	pthread_barrier_t bar;
+	int rounds;
+	_Atomic int ok[2];
+	int both;
+};
+
+static void *quota_racer(void *arg)
+{
+	struct quota_race *q = arg;
+	static _Atomic int next;
+	int me = atomic_fetch_add(&next, 1) & 1;
+	struct kva_worker *w;
+
+	if (kva_worker_join(q->a, "racer", &w))
+		return NULL;
+	for (int r = 0; r < q->rounds; r++) {
+		struct kva_seq *s;
+
+		if (kva_seq_open(w, &infer, &s))
+			break;
+		pthread_barrier_wait(&q->bar);
+		atomic_store(&q->ok[me], kva_seq_reserve(s, 6 * BT) == 0);
+		pthread_barrier_wait(&q->bar);
+		if (me == 0)
+			q->both += atomic_load(&q->ok[0]) && atomic_load(&q->ok[1]);
+		pthread_barrier_wait(&q->bar);
+		kva_seq_close(s);
+	}
+	kva_worker_leave(w);
+	return NULL;
+}
+
+/*
+ * A quota holds against reservations made at the same instant: of two
+ * workers reserving 6 blocks each against a quota of 10, never both get
+ * them (each counts its own first, then reads everyone's).
+ */
+static void test_quota_holds_against_concurrent_reservers(void **state)
+{
+	struct quota_race q = { .a = tu_arena(64, 0, 4), .rounds = 20000 };
+	struct kva_quotas quotas = { .kind = { [KVA_OWNER_INFERENCE] = 10 } };
+	pthread_t th[2];
+
+	(void)state;
+	assert_int_equal(kva_arena_set_quotas(q.a, &quotas), 0);
+	pthread_barrier_init(&q.bar, NULL, 2);
+	for (int i = 0; i < 2; i++)
+		assert_int_equal(pthread_create(&th[i], NULL, quota_racer, &q), 0);
+	for (int i = 0; i < 2; i++)
+		pthread_join(th[i], NULL);
+	pthread_barrier_destroy(&q.bar);
+	if (q.both)
+		fail_msg("%d of %d rounds let both reservations pass a quota only one fits",
+			 q.both, q.rounds);
+	check_arena(q.a);
+	kva_arena_close(q.a);
+}
+
 static void test_fork_copies_the_partial_block(void **state)
 {
 	struct kva_arena *a = tu_arena(64, 4, 2);
@@ -775,6 +836,7 @@ int main(void)
 		cmocka_unit_test(test_sizes_that_overflow_are_refused),
 		cmocka_unit_test(test_prefix_policy_keeps_the_hot_prefix),
 		cmocka_unit_test(test_quotas_and_pinned),
+		cmocka_unit_test(test_quota_holds_against_concurrent_reservers),
 		cmocka_unit_test(test_fork_copies_the_partial_block),
 		cmocka_unit_test(test_same_block_published_twice_converges),
 		cmocka_unit_test(test_threads_match_publish_evict),
