@@ -58,6 +58,7 @@ struct client {
 	gid_t gid;
 	bool admitted;
 	bool observer;
+	bool reclaim_pending; /* its process died, its reclaim failed: the timer retries */
 	uint32_t slot, gen;
 	char name[KVA__NAME_LEN];
 	struct watch wconn, wpid;
@@ -371,6 +372,15 @@ static bool reclaim_slot(struct agent *ag, struct client *cl)
 	ret = kva_arena_reclaim(ag->a, cl->slot, &r);
 	if (ret == -ENOENT)
 		return true;
+	if (ret == -EBUSY) {
+		/* Another reclaimer (workers may reclaim) holds the slot's lease.
+		 * Once it moved the slot on, the slot is its to finish (and if it
+		 * dies, the periodic check takes its lease over); until then,
+		 * look again at the next tick. */
+		kva_arena_slot(ag->a, cl->slot, &state, &gen, NULL);
+		log_debug("slot %u (pid %d): %s", cl->slot, (int)cl->pid, kva_errmsg());
+		return gen != cl->gen || state == KVA_SLOT_FREE;
+	}
 	if (ret < 0) {
 		log_warn("reclaim of slot %u (pid %d): %s; will retry", cl->slot, (int)cl->pid,
 			 kva_errmsg());
@@ -388,9 +398,16 @@ static bool reclaim_slot(struct agent *ag, struct client *cl)
 
 static void on_pidfd(struct agent *ag, struct client *cl)
 {
-	if (reclaim_slot(ag, cl))
+	if (reclaim_slot(ag, cl)) {
 		client_free(ag, cl);
-	/* else: the timer tries again */
+		return;
+	}
+	/* The timer tries again. The pidfd stays readable for good: left in
+	 * epoll (level-triggered) it would wake us at once, again and again. */
+	if (!cl->reclaim_pending) {
+		epoll_ctl(ag->ep, EPOLL_CTL_DEL, cl->pidfd, NULL);
+		cl->reclaim_pending = true;
+	}
 }
 
 /* The connection ended (EOF, BYE, or an error): what did the worker leave? */
@@ -511,12 +528,8 @@ static void on_timer(struct agent *ag)
 	for (unsigned k = 0; k < MAX_CLIENTS; k++) { /* reclaims that failed before */
 		struct client *cl = ag->clients[k];
 
-		if (cl && cl->admitted && !cl->observer && cl->fd < 0 && cl->pidfd >= 0) {
-			struct pollfd pfd = { .fd = cl->pidfd, .events = POLLIN };
-
-			if (poll(&pfd, 1, 0) == 1)
-				on_pidfd(ag, cl);
-		}
+		if (cl && cl->reclaim_pending)
+			on_pidfd(ag, cl);
 	}
 	if (ag->cfg->check_interval_ms &&
 	    now - ag->last_check_ns >= (uint64_t)ag->cfg->check_interval_ms * 1000000ull) {

@@ -254,10 +254,25 @@ out:
 /* What a slot table snapshot says, for kva_arena_check(). */
 struct slots_view {
 	uint64_t joined;             /* bit per slot that may hold blocks */
+	uint64_t reclaiming;         /* bit per slot whose blocks a reclaimer is freeing */
 	uint64_t all;                /* bit per slot that exists */
 	uint32_t gen[KVA_MAX_WORKERS];
 	uint32_t kind[KVA_MAX_WORKERS];
 };
+
+static void view_slot(struct kva_arena *a, struct slots_view *v, uint32_t s)
+{
+	uint64_t st = atomic_load_explicit(&a->slots[s].state, memory_order_acquire);
+
+	v->gen[s] = kva__slot_gen(st);
+	v->kind[s] = kva__slot_kind(st);
+	v->joined &= ~(1ull << s);
+	v->reclaiming &= ~(1ull << s);
+	if (kva__slot_joined(st))
+		v->joined |= 1ull << s;
+	else if (v->kind[s] == KVA_SLOT_RECLAIMING)
+		v->reclaiming |= 1ull << s;
+}
 
 static const char *const slot_kind_name[] = { "free", "joining", "live", "being reclaimed" };
 
@@ -323,6 +338,11 @@ static bool check_one(struct kva_arena *a, uint32_t id, uint64_t d, const struct
 			problem(r, id, "block %u: owned by slot %u, which does not exist", id, s);
 			return false;
 		}
+		/* a slot being reclaimed: its dead generation's blocks are the
+		 * reclaimer's to free, accounted */
+		if ((v->reclaiming & (1ull << s)) &&
+		    kva__tag_gen(p) == ((v->gen[s] - 1) & KVA__S_GEN_MASK))
+			return true;
 		if (!(v->joined & (1ull << s)) || kva__tag_gen(p) != v->gen[s]) {
 			r->stale_owners++;
 			problem(r, id, "block %u: owned by slot %u generation %u, but slot %u is "
@@ -342,10 +362,11 @@ static bool check_one(struct kva_arena *a, uint32_t id, uint64_t d, const struct
 				p ? "slots that do not exist" : "no slot");
 			return false;
 		}
-		if (p & ~v->joined) {
-			uint32_t s = (uint32_t)__builtin_ctzll(p & ~v->joined);
+		if (p & ~(v->joined | v->reclaiming)) {
+			uint64_t dead = p & ~(v->joined | v->reclaiming);
+			uint32_t s = (uint32_t)__builtin_ctzll(dead);
 
-			r->dead_holders += (uint32_t)__builtin_popcountll(p & ~v->joined);
+			r->dead_holders += (uint32_t)__builtin_popcountll(dead);
 			problem(r, id, "block %u: held by slot %u, which is %s (generation %u)", id,
 				s, slot_kind_name[v->kind[s]], v->gen[s]);
 			return false;
@@ -365,6 +386,58 @@ static bool check_one(struct kva_arena *a, uint32_t id, uint64_t d, const struct
 		r->bad_descriptors++;
 		return false;
 	}
+}
+
+/* the slots descriptor @d names, looked at again */
+static void view_named(struct kva_arena *a, struct slots_view *v, uint64_t d)
+{
+	uint64_t p = kva__d_payload(d);
+
+	if (kva__d_kind(d) == KVA__D_OWNED && kva__tag_slot(p) < a->max_workers)
+		view_slot(a, v, kva__tag_slot(p));
+	else if (kva__d_kind(d) == KVA__D_SHARED)
+		for (p &= v->all; p; p &= p - 1)
+			view_slot(a, v, (uint32_t)__builtin_ctzll(p));
+}
+
+static void report_add(struct kva_check_report *r, const struct kva_check_report *x)
+{
+	r->free_blocks += x->free_blocks;
+	r->owned_blocks += x->owned_blocks;
+	r->shared_blocks += x->shared_blocks;
+	r->shared_refs += x->shared_refs;
+	r->cached_blocks += x->cached_blocks;
+	r->published_blocks += x->published_blocks;
+	r->bad_descriptors += x->bad_descriptors;
+	r->stale_owners += x->stale_owners;
+	r->dead_holders += x->dead_holders;
+	r->hints_missing += x->hints_missing;
+	if (x->first_problem[0])
+		problem(r, x->first_bad_block, "%s", x->first_problem);
+}
+
+/*
+ * check_block - check_one() of block @id, whose descriptor was *@d. On an
+ * arena in use the slot table snapshot ages while the scan runs (a worker
+ * leaves and a newcomer takes its slot, a reclaim ends): what looks like a
+ * breach is looked at again, descriptor and slots re-read, and counted only
+ * if it stays. A real breach does not go away by itself.
+ */
+static void check_block(struct kva_arena *a, uint32_t id, uint64_t *d, struct slots_view *v,
+			struct kva_check_report *r)
+{
+	struct kva_check_report x;
+
+	for (int look = 0;; look++) {
+		memset(&x, 0, sizeof(x));
+		x.first_bad_block = -1;
+		if (check_one(a, id, *d, v, &x) || look == 2)
+			break;
+		view_named(a, v, *d);
+		*d = atomic_load_explicit(&a->desc[id], memory_order_acquire);
+		view_named(a, v, *d);
+	}
+	report_add(r, &x);
 }
 
 /* entry @pos's key, read once (check runs over a quiet arena; a moving one
@@ -455,28 +528,24 @@ int kva_arena_check(struct kva_arena *a, struct kva_check_report *r)
 		uint64_t st = atomic_load_explicit(&a->slots[s].state, memory_order_acquire);
 		uint64_t pw = atomic_load_explicit(&a->pool->pub[s], memory_order_relaxed);
 
-		v.gen[s] = kva__slot_gen(st);
-		v.kind[s] = kva__slot_kind(st);
+		view_slot(a, &v, s);
 		/* the slot's share of the published count; a live worker's (or a
 		 * dead one's) operation in flight settled as reclaim would: the
 		 * generation of its blocks is the state's, or the one before it
 		 * once the slot is being reclaimed or free */
 		count += kva__pub_settled(a, s,
-					  kva__slot_joined(st) ? v.gen[s]
-							       : (v.gen[s] - 1) & KVA__S_GEN_MASK,
+					  kva__slot_joined(st) ? kva__slot_gen(st)
+							       : (kva__slot_gen(st) - 1) & KVA__S_GEN_MASK,
 					  pw);
-		if (!kva__slot_joined(st))
-			continue;
-		v.joined |= 1ull << s;
-		if (kva__slot_holder_gone(st, atomic_load_explicit(&a->slots[s].start,
+		if (kva__slot_joined(st) &&
+		    kva__slot_holder_gone(st, atomic_load_explicit(&a->slots[s].start,
 								   memory_order_relaxed)))
 			r->dead_slots++;
 	}
 	for (uint32_t id = 0; id < a->blocks; id++) {
 		uint64_t d = atomic_load_explicit(&a->desc[id], memory_order_relaxed);
 
-		if (!check_one(a, id, d, &v, r) && r->first_bad_block < 0)
-			r->first_bad_block = id;
+		check_block(a, id, &d, &v, r);
 		if (kva__d_kind(d) == KVA__D_CACHED ||
 		    (kva__d_kind(d) == KVA__D_SHARED && (d & KVA__D_PUB)))
 			check_findable(a, id, d, r);
