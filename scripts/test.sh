@@ -5,7 +5,8 @@
 #
 # Trees: build/release (-Dwerror=true), build/asan (address,undefined; UBSan
 # fatal), build/tsan (clang, thread; the tests that run threads in one
-# process), build/fuzz (clang, libFuzzer with address,undefined; the protocol
+# process, the crash tests and the stress test, whose worker processes run
+# several threads each), build/fuzz (clang, libFuzzer with address,undefined; the protocol
 # decoder for FUZZ_SECONDS, default 30). Re-running is cheap: trees are
 # reused, packages not re-installed.
 set -uo pipefail

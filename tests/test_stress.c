@@ -288,6 +288,10 @@ struct proc_ctx {
 	struct kva_arena *a;
 	uint64_t seed;
 	uint64_t until_ns;  /* then the process leaves on its own */
+	bool half_exit;     /* the main thread is gone: thread 0 ends the process */
+	_Atomic bool started;
+	uint32_t threads;
+	pthread_t th[MAX_THREADS], rth[2];
 };
 
 static void thread_loop(struct proc_ctx *p, struct thread_ctx *t)
@@ -360,6 +364,19 @@ static void *thread_main(void *arg)
 	thread_loop(p, t);
 	if (!t->attached && t->w)
 		kva_worker_leave(t->w);
+	if (t->attached && p->half_exit) {
+		/* the main thread is gone: the last thread would end the process
+		 * through exit(), and its handlers; end it as the others do */
+		while (!atomic_load(&p->started))
+			usleep(1000);
+		for (uint32_t i = 1; i < p->threads; i++)
+			pthread_join(p->th[i], NULL);
+		for (int i = 0; i < 2; i++)
+			pthread_join(p->rth[i], NULL);
+		if (!t->dead)
+			kva_detach(t->w);
+		_exit(0);
+	}
 	return NULL;
 }
 
@@ -368,15 +385,14 @@ static void worker_process(const char *sock, uint64_t seed)
 	static struct proc_ctx p;
 	static struct thread_ctx t[MAX_THREADS];
 	static void *args[MAX_THREADS][2];
-	pthread_t th[MAX_THREADS], rth[2];
+	pthread_t *th = p.th, *rth = p.rth;
 	struct kva_worker *w0;
 	uint32_t threads;
-	bool half_exit;
 	int ret;
 
 	p.seed = seed;
-	threads = 1 + (uint32_t)(tu_rand(&p.seed) % MAX_THREADS);
-	half_exit = tu_rand(&p.seed) % 4 == 0;
+	threads = p.threads = 1 + (uint32_t)(tu_rand(&p.seed) % MAX_THREADS);
+	p.half_exit = tu_rand(&p.seed) % 4 == 0;
 	p.until_ns = now_ns() + (20 + tu_rand(&p.seed) % 400) * 1000000ull;
 	ret = kva_attach(sock, "stress", &w0);
 	if (ret == -EUSERS) {
@@ -399,7 +415,8 @@ static void worker_process(const char *sock, uint64_t seed)
 	for (int i = 0; i < 2; i++)
 		if (pthread_create(&rth[i], NULL, reclaimer_main, &p))
 			_exit(1);
-	if (half_exit) /* the process lives on in its threads; the last one out ends it */
+	atomic_store(&p.started, true);
+	if (p.half_exit) /* the process lives on in its threads */
 		pthread_exit(NULL);
 	for (uint32_t i = 0; i < threads; i++)
 		pthread_join(th[i], NULL);
