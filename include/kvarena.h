@@ -382,12 +382,13 @@ struct kva_reclaim_report {
 
 /*
  * kva_arena_reclaim - return everything slot @slot held (its cache included)
- * once its process is gone, and bump the slot generation so that any tag the
- * old holder left can never be taken for the new one's. Safe while other
- * workers run. Restartable: if the reclaiming process dies, another call
- * finishes the job.
+ * once its process is gone (its whole thread group exited), and bump the
+ * slot generation so that any tag the old holder left can never be taken for
+ * the new one's. Safe while other workers run, from any number of threads and
+ * processes at once: one of them reclaims, the others get -EBUSY.
+ * Restartable: if the reclaimer dies, another call finishes the job.
  * Return: 0, -EINVAL (no such slot), -ENOENT (slot not in use), -EBUSY (its
- * process is alive, or another live process is reclaiming it).
+ * process is alive, or another thread or process is reclaiming it), -EROFS.
  */
 int kva_arena_reclaim(struct kva_arena *a, uint32_t slot, struct kva_reclaim_report *r);
 
