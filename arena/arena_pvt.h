@@ -493,6 +493,7 @@ int kva__index_insert(struct kva_worker *w, const uint64_t key[2], uint32_t bloc
 bool kva__index_remove(struct kva_arena *a, uint64_t pos, uint32_t block, uint64_t epoch,
 		       uint32_t uses, uint64_t evseq);
 void kva__index_reclaim_busy(struct kva_arena *a, uint32_t slot);
+bool kva__index_retire(struct kva_arena *a, uint64_t pos, uint64_t c, const uint64_t key[2]);
 
 /* evict.c */
 uint32_t kva__evict(struct kva_worker *w, uint32_t want, uint32_t *ids);

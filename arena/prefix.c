@@ -342,6 +342,28 @@ bool kva__index_remove(struct kva_arena *a, uint64_t pos, uint32_t block, uint64
 						       memory_order_relaxed);
 }
 
+/*
+ * kva__index_retire - delete entry @pos if it still says @c and holds @key:
+ * by a matcher that holds the entry's block and found it published since
+ * under another key (seq.c). The same ctrl word may be that newer
+ * publication's own entry (same block, epoch, 14-bit tag, same place), so
+ * the key decides; and while the block is held it cannot be published again,
+ * so no entry can take this ctrl word between the key's read and the CAS.
+ */
+bool kva__index_retire(struct kva_arena *a, uint64_t pos, uint64_t c, const uint64_t key[2])
+{
+	struct kva__pentry *e;
+	uint64_t k[2];
+
+	if (pos > a->idx_mask)
+		return false;
+	e = &a->idx[pos];
+	if (!read_key(e, c, k) || k[0] != key[0] || k[1] != key[1])
+		return false;
+	return atomic_compare_exchange_strong_explicit(&e->ctrl, &c, kva__p_make(KVA__P_TOMB, 0, 0, 0),
+						       memory_order_relaxed, memory_order_relaxed);
+}
+
 /* kva__index_reclaim_busy - entries a dead slot left BUSY become tombstones. */
 void kva__index_reclaim_busy(struct kva_arena *a, uint32_t slot)
 {

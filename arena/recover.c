@@ -43,8 +43,10 @@ static int lease_take(struct kva__slot *s, uint32_t slot)
 {
 	int ret = pthread_mutex_trylock(&s->reclaim);
 
-	if (ret == EOWNERDEAD) /* its reclaimer died: ours now, with its work */
-		ret = pthread_mutex_consistent(&s->reclaim);
+	if (ret == EOWNERDEAD) { /* its reclaimer died: ours now, with its work */
+		pthread_mutex_consistent(&s->reclaim);
+		ret = 0;
+	}
 	if (ret == EBUSY)
 		return kva__err(-EBUSY, "reclaim: slot %u is being reclaimed by another thread "
 				"or process", slot);

@@ -305,15 +305,9 @@ static bool join(struct kva_seq *s, const struct kva__found *f, const uint64_t k
 	 * lives between our lookup and our CAS the entry's (block, epoch) may
 	 * name another prefix's publication. The key cannot. */
 	if (!block_has_key(a, b, key)) {
-		/* the entry is an older life's (its block has another key now):
-		 * gone, for whoever comes next. While we hold the block no new
-		 * publication of it can make the same ctrl word again, so the
-		 * CAS cannot take a live entry. */
-		uint64_t c = f->ctrl;
-
-		if (atomic_compare_exchange_strong_explicit(&a->idx[f->pos].ctrl, &c,
-							    kva__p_make(KVA__P_TOMB, 0, 0, 0),
-							    memory_order_relaxed, memory_order_relaxed))
+		/* the entry, if it still holds our key, is an older life's
+		 * (its block has another key now): gone, for whoever comes next */
+		if (kva__index_retire(a, f->pos, f->ctrl, key))
 			sc_add(w, KVA__SC_STALE, 1);
 		kva_free(w, &b, 1);
 		return false;
