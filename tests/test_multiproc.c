@@ -26,8 +26,11 @@ struct run {
 	uint32_t blocks, cache, steps, max_refs;
 };
 
+/* @go_fd[p]: the pipe that starts phase p. One per phase: with a single one, a
+ * child done with phase 0 could take a start byte meant for a child that has
+ * not read its own yet, which then waits for good (and so does the parent). */
 static int child(struct kva_arena *parent, const struct run *r, struct tu_board *board,
-		 struct tu_view *view, int ready_fd, int go_fd, unsigned n)
+		 struct tu_view *view, int ready_fd, const int go_fd[2], unsigned n)
 {
 	struct kva_arena *a;
 	struct kva_worker *w;
@@ -45,13 +48,13 @@ static int child(struct kva_arena *parent, const struct run *r, struct tu_board 
 		return 3;
 	tu_work_init(&t, w, board, r->max_refs, 1000 + n);
 	/* everyone joined before anyone starts: the runs overlap */
-	if (write(ready_fd, "j", 1) != 1 || read(go_fd, &c, 1) != 1)
+	if (write(ready_fd, "j", 1) != 1 || read(go_fd[0], &c, 1) != 1)
 		return 4;
 	for (uint32_t s = 0; s < r->steps; s++)
 		tu_work_step(&t);
 	atomic_fetch_add(&board->ops, t.ops);
 	tu_view_capture(w, view);
-	if (write(ready_fd, "r", 1) != 1 || read(go_fd, &c, 1) != 1)
+	if (write(ready_fd, "r", 1) != 1 || read(go_fd[1], &c, 1) != 1)
 		return 4;
 	tu_work_drain(&t);
 	tu_work_fini(&t);
@@ -70,21 +73,23 @@ static void run(const struct run *r)
 	struct tu_mismatch m;
 	struct kva_stats st;
 	struct kva_check_report cr;
-	int ready[2], go[2], status;
+	int ready[2], go[2][2], go_read[2], status;
 	pid_t pids[PROCS];
 	char c;
 
 	assert_non_null(a);
 	assert_int_equal(pipe(ready), 0);
-	assert_int_equal(pipe(go), 0);
+	assert_int_equal(pipe(go[0]), 0);
+	assert_int_equal(pipe(go[1]), 0);
+	go_read[0] = go[0][0];
+	go_read[1] = go[1][0];
 	for (unsigned n = 0; n < PROCS; n++) {
 		vp[n] = (struct tu_view *)(views + n * vb);
 		vp[n]->slot = -1;
 		pids[n] = tu_fork();
 		assert_true(pids[n] >= 0);
-		if (pids[n] == 0)
 		if (pids[n] == 0) {
-			int ret = child(a, r, board, vp[n], ready[1], go[0], n);
+			int ret = child(a, r, board, vp[n], ready[1], go_read, n);
 
 			/* a child that failed early still answers, so nobody waits */
 			if (ret && ret < 4 && write(ready[1], "e", 1) != 1)
@@ -103,7 +108,7 @@ static void run(const struct run *r)
 		}
 		if (phase == 0) /* all joined: start */
 			for (unsigned n = 0; n < PROCS; n++)
-				assert_int_equal(write(go[1], "g", 1), 1);
+				assert_int_equal(write(go[0][1], "g", 1), 1);
 	}
 
 	/* all stopped between calls: the views are the whole truth */
@@ -119,7 +124,7 @@ static void run(const struct run *r)
 	assert_true(atomic_load(&board->cross_shares) > 0);
 
 	for (unsigned n = 0; n < PROCS; n++)
-		assert_int_equal(write(go[1], "g", 1), 1);
+		assert_int_equal(write(go[1][1], "g", 1), 1);
 	for (unsigned n = 0; n < PROCS; n++) {
 		assert_int_equal(waitpid(pids[n], &status, 0), pids[n]);
 		assert_true(WIFEXITED(status));
@@ -133,8 +138,10 @@ static void run(const struct run *r)
 	assert_int_equal(kva_arena_check(a, NULL), 0);
 	close(ready[0]);
 	close(ready[1]);
-	close(go[0]);
-	close(go[1]);
+	for (int p = 0; p < 2; p++) {
+		close(go[p][0]);
+		close(go[p][1]);
+	}
 	tu_shared_free(views, vb * PROCS);
 	tu_shared_free(board, sizeof(*board));
 	kva_arena_close(a);
