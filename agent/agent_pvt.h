@@ -1,6 +1,7 @@
 /* SPDX-License-Identifier: MIT */
 /*
- * agent_pvt.h - kvarena-agent: configuration, logging, the server loop.
+ * agent_pvt.h - kvarena-agent: configuration, logging, the server loop and
+ * the agent's own table of the arena's worker slots.
  */
 #ifndef KVA_AGENT_PVT_H
 #define KVA_AGENT_PVT_H
@@ -36,6 +37,14 @@ struct agent_config {
 	enum kva_evict_policy evict_policy;
 	uint32_t cache_limit;
 	struct kva_quotas quotas;
+	/* limits on what one peer may take (0 in the file or flags: default) */
+	uint32_t max_pending;        /* connections waiting for their HELLO, in all */
+	uint32_t max_pending_uid;    /* of them, from one uid */
+	uint32_t hello_timeout_ms;   /* a HELLO must come within this */
+	uint32_t max_slots_pid;      /* worker slots one process may hold */
+	uint32_t max_slots_uid;      /* worker slots one uid may hold */
+	bool allow_overcommit;       /* an arena larger than the memory there is */
+	bool prefault;               /* touch every page of the data region at start */
 };
 
 /* config.c */
@@ -47,16 +56,130 @@ struct agent_config {
  * or -EINVAL.
  */
 int agent_config_parse(int argc, char **argv, struct agent_config *c);
+/* the limits' defaults, once max_workers and the allow policy are known */
+void agent_config_limits(struct agent_config *c);
+/* printable UTF-8 of at most @max bytes, no control characters */
+bool agent_name_ok(const char *s, size_t max);
 
 /* log.c */
 enum { LOG_ERR = 0, LOG_WARN = 1, LOG_INFO = 2, LOG_DEBUG = 3 };
 extern int agent_log_level;
+/*
+ * One line per call, every byte that is not printable UTF-8 written as \xNN
+ * (names and messages come from outside: they cannot forge lines). A call
+ * site that logs more than LOG_BURST lines in a second is held to one line
+ * a second saying how many it left out.
+ */
 void agent_log(int level, const char *fmt, ...) __attribute__((format(printf, 2, 3)));
+#define LOG_BURST 20
 #define log_err(...) agent_log(LOG_ERR, __VA_ARGS__)
 #define log_warn(...) agent_log(LOG_WARN, __VA_ARGS__)
 #define log_info(...) agent_log(LOG_INFO, __VA_ARGS__)
 #define log_debug(...) agent_log(LOG_DEBUG, __VA_ARGS__)
 int agent_log_level_parse(const char *s);
+/* the count of lines a call site left out, once its second is over */
+void agent_log_flush(void);
+
+/* server.c and slots.c */
+
+enum watch_kind { W_LISTEN, W_SIGNAL, W_TIMER, W_CONN, W_PIDFD };
+
+struct client;
+struct slot_entry;
+struct watch {
+	enum watch_kind kind;
+	struct client *c;
+	struct slot_entry *e;
+};
+
+/* A connection: waiting for its HELLO, or an admitted worker's. */
+struct client {
+	int fd;               /* -1 once it ended */
+	pid_t pid;            /* SO_PEERCRED, from the moment of accept */
+	uid_t uid;
+	gid_t gid;
+	uint64_t since_ns;    /* accepted at */
+	bool hello;           /* it said HELLO (or something): no longer pending */
+	bool admitted;        /* a worker with a slot (observers are answered and closed) */
+	bool bye;             /* it said BYE: it left its slot */
+	uint32_t slot;
+	char name[32];        /* from HELLO, checked printable */
+	struct watch w;
+};
+
+/*
+ * The agent's own entry for one worker slot: what it admitted or saw join,
+ * the process (watched by a pidfd), and the generation of that life. This,
+ * not the shared slot word, is what it admits, reclaims and reports from;
+ * the shared word is a copy it checks every tick and puts back.
+ */
+enum slot_kind {
+	SK_FREE = KVA_AGENT_SLOT_FREE,
+	SK_RESERVED = KVA_AGENT_SLOT_RESERVED,
+	SK_ATTACHED = KVA_AGENT_SLOT_ATTACHED,
+	SK_JOINED = KVA_AGENT_SLOT_JOINED,
+	SK_RECLAIM = KVA_AGENT_SLOT_RECLAIM_PENDING,
+};
+
+struct slot_entry {
+	enum slot_kind kind;
+	uint32_t slot, gen;
+	pid_t pid;
+	uid_t uid;
+	int pidfd;                /* while the process is watched */
+	uint64_t start;           /* the slot's start word for this life */
+	char name[32];
+	struct client *cl;        /* an admitted worker's connection, if open */
+	uint64_t since_ns;
+	uint32_t last_kind;       /* JOINING or LIVE: what the word last said */
+	unsigned odd_ticks;       /* ticks the word has shown a later life */
+	uint64_t retry_ns, pending_since_ns;
+	uint32_t retry_ms;
+	struct watch w;
+};
+
+struct agent {
+	const struct agent_config *cfg;
+	struct kva_arena *a;
+	int ep, lfd, sfd, tfd, spare_fd;
+	struct client **clients;  /* [max_clients] */
+	unsigned max_clients;
+	struct watch wlisten, wsignal, wtimer;
+	bool stopping, listen_paused;
+	uint64_t deadline_ns, last_check_ns, listen_resume_ns, listen_backoff_ms;
+	uint64_t admitted, refused, reclaimed;
+	struct slot_entry slots[KVA_MAX_WORKERS];
+	uint32_t n_slots;
+	/* words only the agent writes, as it last wrote them */
+	struct kva__agent_words *words;
+	uint64_t repairs;
+	char last_repair[128];
+	int64_t pub_off_seen;     /* the published count's error at the last check */
+};
+
+uint64_t agent_now_ns(void);
+int agent_watch(struct agent *ag, int fd, struct watch *w);
+void agent_unwatch(struct agent *ag, int *fd);
+
+/* slots.c */
+void slots_init(struct agent *ag);
+void slots_fini(struct agent *ag);
+/* a slot for admitted process @cl, or a negative errno and a reason in @why */
+int slots_admit(struct agent *ag, struct client *cl, char *why, size_t len);
+/* it said ADOPTED: its slot word is LIVE now */
+void slots_adopted(struct agent *ag, struct client *cl);
+/* its connection ended (BYE, EOF): what did the worker leave behind? */
+void slots_conn_ended(struct agent *ag, struct client *cl);
+/* the process of @e exited (its pidfd) */
+void slots_exited(struct agent *ag, struct slot_entry *e);
+/* every tick: retries, the shared words checked against the table, repairs,
+ * the view for ops tools */
+void slots_tick(struct agent *ag);
+/* every check interval: the arena's invariant, hint bits, the published count */
+void slots_check(struct agent *ag);
+unsigned slots_workers(const struct agent *ag);
+/* the agent changed a word it owns (state, policy...): remember it */
+void slots_words_changed(struct agent *ag);
 
 /* server.c */
 

@@ -10,20 +10,25 @@
 #include <grp.h>
 #include <inttypes.h>
 #include <limits.h>
+#include <math.h>
 #include <pwd.h>
 #include <stdio.h>
 #include <stdlib.h>
 #include <string.h>
+#include <sys/stat.h>
 #include <unistd.h>
 
 #include "agent_pvt.h"
+#include "text.h"
 
 enum opt {
 	O_SOCKET = 256, O_SOCKET_MODE, O_SOCKET_GROUP, O_NAME, O_BACKEND, O_BLOCKS, O_MEMORY,
 	O_BLOCK_TOKENS, O_LAYERS, O_KV_HEADS, O_HEAD_DIM, O_DTYPE, O_LAYOUT, O_HUGEPAGES,
 	O_NUMA_NODE, O_MAX_WORKERS, O_WORKER_CACHE, O_ALLOW_UID, O_ALLOW_GID, O_LOG_LEVEL,
 	O_SHUTDOWN_GRACE, O_CHECK_INTERVAL, O_EVICT_POLICY, O_QUOTA_INFERENCE, O_QUOTA_TRAINING,
-	O_QUOTA_PINNED, O_TENANT_QUOTA, O_CACHE_LIMIT, O_CONFIG, O_HELP, O_VERSION,
+	O_QUOTA_PINNED, O_TENANT_QUOTA, O_CACHE_LIMIT, O_MAX_PENDING, O_MAX_PENDING_UID,
+	O_HELLO_TIMEOUT, O_MAX_SLOTS_PID, O_MAX_SLOTS_UID, O_ALLOW_OVERCOMMIT, O_PREFAULT, O_CONFIG,
+	O_HELP, O_VERSION,
 };
 
 static const struct option options[] = {
@@ -55,6 +60,13 @@ static const struct option options[] = {
 	{ "quota-training", required_argument, NULL, O_QUOTA_TRAINING },
 	{ "quota-pinned", required_argument, NULL, O_QUOTA_PINNED },
 	{ "tenant-quota", required_argument, NULL, O_TENANT_QUOTA },
+	{ "max-pending", required_argument, NULL, O_MAX_PENDING },
+	{ "max-pending-per-uid", required_argument, NULL, O_MAX_PENDING_UID },
+	{ "hello-timeout", required_argument, NULL, O_HELLO_TIMEOUT },
+	{ "max-slots-per-pid", required_argument, NULL, O_MAX_SLOTS_PID },
+	{ "max-slots-per-uid", required_argument, NULL, O_MAX_SLOTS_UID },
+	{ "allow-overcommit", no_argument, NULL, O_ALLOW_OVERCOMMIT },
+	{ "prefault", no_argument, NULL, O_PREFAULT },
 	{ "config", required_argument, NULL, O_CONFIG },
 	{ "help", no_argument, NULL, O_HELP },
 	{ "version", no_argument, NULL, O_VERSION },
@@ -104,8 +116,20 @@ static void usage(FILE *f)
 "  --quota-training N     blocks training sequences may hold in all (0: no limit)\n"
 "  --quota-pinned N       blocks pinned sequences may hold in all (0: no limit)\n"
 "  --tenant-quota T:N     blocks tenant T's sequences may hold (repeatable, up to %u)\n"
+"  --max-slots-per-pid N  worker slots one process may hold (default: a quarter of\n"
+"                         the slots, at least 2)\n"
+"  --max-slots-per-uid N  worker slots one user may hold (default: all when one uid\n"
+"                         alone may attach, else three quarters)\n"
+"  --max-pending N        connections that may wait for their HELLO (default 256);\n"
+"                         past it the oldest silent one is closed\n"
+"  --max-pending-per-uid N  of them, from one user (default 16)\n"
+"  --hello-timeout S      seconds a connection has to say HELLO (default 2)\n"
+"  --allow-overcommit     start even if the arena is larger than the memory of the\n"
+"                         machine (or of --numa-node)\n"
+"  --prefault             touch every page of the arena at start, so that the\n"
+"                         memory is there (or start fails) before any worker\n"
 "  --config FILE          read these settings from FILE first: one \"key = value\"\n"
-"                         per line, keys as the flags without dashes\n"
+"                         per line, keys as the flags without dashes, each once\n"
 "  --help, --version\n"
 "\n"
 "Signals: SIGTERM or SIGINT stop admitting, tell workers, wait --shutdown-grace,\n"
@@ -178,29 +202,47 @@ static int parse_size(const char *key, const char *v, uint64_t *out)
 	return 0;
 }
 
-static int parse_seconds(const char *key, const char *v, uint32_t max_s, uint32_t *ms)
+/* seconds, 0 or from a millisecond up to @max_s, as milliseconds (0 only if
+ * @zero_ok): no NaN, no infinity, nothing that rounds to 0 by accident */
+static int parse_seconds(const char *key, const char *v, uint32_t max_s, bool zero_ok,
+			 uint32_t *ms)
 {
 	char *end;
 	double s;
 
 	errno = 0;
 	s = strtod(v, &end);
-	if (errno || *end || end == v || s < 0 || s > max_s)
-		return bad(key, v, "not a number of seconds in range");
+	if (errno || *end || end == v || !isfinite(s))
+		return bad(key, v, "not a number of seconds");
+	if (s < 0 || s > max_s) {
+		char why[64];
+
+		snprintf(why, sizeof(why), "out of range 0..%u seconds", max_s);
+		return bad(key, v, why);
+	}
+	if (s == 0 && !zero_ok)
+		return bad(key, v, "must be more than 0 seconds");
+	if (s != 0 && s < 0.001)
+		return bad(key, v, "below a millisecond (0 means never)");
 	*ms = (uint32_t)(s * 1000 + 0.5);
 	return 0;
 }
 
-/* a comma-separated list of user (or group) names or numbers */
+/* a comma-separated list of user (or group) names or numbers, none empty */
 static int parse_ids(const char *key, const char *v, bool group, uint32_t *ids, unsigned *n)
 {
-	char buf[512], *save = NULL;
+	char buf[512], *tok, *next;
 
 	if (strlen(v) >= sizeof(buf))
 		return bad(key, v, "too long");
 	strcpy(buf, v);
-	for (char *tok = strtok_r(buf, ",", &save); tok; tok = strtok_r(NULL, ",", &save)) {
+	for (tok = buf; tok; tok = next) {
 		uint64_t id;
+
+		if ((next = strchr(tok, ',')))
+			*next++ = '\0';
+		if (!*tok)
+			return bad(key, v, group ? "an empty group in the list" : "an empty user in the list");
 
 		if (*n == AGENT_MAX_IDS)
 			return bad(key, v, "too many ids");
@@ -312,9 +354,28 @@ static int set_option(struct agent_config *c, int opt, const char *key, const ch
 			return bad(key, v, "error, warn, info or debug");
 		return 0;
 	case O_SHUTDOWN_GRACE:
-		return parse_seconds(key, v, 3600, &c->shutdown_grace_ms);
+		return parse_seconds(key, v, 3600, true, &c->shutdown_grace_ms);
 	case O_CHECK_INTERVAL:
-		return parse_seconds(key, v, 3600, &c->check_interval_ms);
+		return parse_seconds(key, v, 3600, true, &c->check_interval_ms);
+	case O_HELLO_TIMEOUT:
+		return parse_seconds(key, v, 60, false, &c->hello_timeout_ms);
+	case O_MAX_PENDING:
+		return parse_u32(key, v, 1, 4096, &c->max_pending);
+	case O_MAX_PENDING_UID:
+		return parse_u32(key, v, 1, 4096, &c->max_pending_uid);
+	case O_MAX_SLOTS_PID:
+		return parse_u32(key, v, 1, KVA_MAX_WORKERS, &c->max_slots_pid);
+	case O_MAX_SLOTS_UID:
+		return parse_u32(key, v, 1, KVA_MAX_WORKERS, &c->max_slots_uid);
+	case O_ALLOW_OVERCOMMIT:
+	case O_PREFAULT: {
+		bool *flag = opt == O_PREFAULT ? &c->prefault : &c->allow_overcommit;
+
+		if (v && strcmp(v, "true") && strcmp(v, "false"))
+			return bad(key, v, "true or false");
+		*flag = !v || !strcmp(v, "true");
+		return 0;
+	}
 	case O_EVICT_POLICY:
 		if (kva_evict_policy_parse(v, &c->evict_policy) < 0)
 			return bad(key, v, "prefix or clock");
@@ -365,10 +426,18 @@ static char *trim(char *s)
 	return s;
 }
 
+/*
+ * read_config - "key = value" lines. Refused, naming the file and line: a
+ * path that is not a regular file, a NUL byte, a line over 1 KiB, a line
+ * without "=", an unknown key, a bad value, a key given twice.
+ */
 static int read_config(struct agent_config *c, const char *path)
 {
-	char line[1024];
-	unsigned lineno = 0;
+	unsigned lineno = 0, seen[O_VERSION + 1] = { 0 };
+	char *line = NULL;
+	size_t cap = 0;
+	struct stat st;
+	ssize_t n;
 	FILE *f = fopen(path, "r");
 	int ret = 0;
 
@@ -376,13 +445,25 @@ static int read_config(struct agent_config *c, const char *path)
 		fprintf(stderr, "kvarena-agent: --config %s: %s\n", path, strerror(errno));
 		return -EINVAL;
 	}
-	while (fgets(line, sizeof(line), f)) {
+	if (fstat(fileno(f), &st) < 0 || !S_ISREG(st.st_mode)) {
+		fprintf(stderr, "kvarena-agent: --config %s: not a regular file\n", path);
+		fclose(f);
+		return -EINVAL;
+	}
+	while ((n = getline(&line, &cap, f)) >= 0) {
 		char *key, *value, *eq;
 		const struct option *o;
 
 		lineno++;
-		if (!strchr(line, '\n') && !feof(f)) {
-			fprintf(stderr, "kvarena-agent: %s:%u: line too long\n", path, lineno);
+		if (memchr(line, '\0', (size_t)n)) {
+			fprintf(stderr, "kvarena-agent: %s:%u: a NUL byte: not a text file\n", path,
+				lineno);
+			ret = -EINVAL;
+			break;
+		}
+		if (n > 1024) {
+			fprintf(stderr, "kvarena-agent: %s:%u: line longer than 1024 bytes\n", path,
+				lineno);
 			ret = -EINVAL;
 			break;
 		}
@@ -408,11 +489,21 @@ static int read_config(struct agent_config *c, const char *path)
 			ret = -EINVAL;
 			break;
 		}
+		/* repeatable keys add to a list; any other is said once */
+		if (o->val != O_ALLOW_UID && o->val != O_ALLOW_GID && o->val != O_TENANT_QUOTA &&
+		    seen[o->val]) {
+			fprintf(stderr, "kvarena-agent: %s:%u: \"%s\" given twice (first at line "
+				"%u)\n", path, lineno, key, seen[o->val]);
+			ret = -EINVAL;
+			break;
+		}
+		seen[o->val] = lineno;
 		if ((ret = set_option(c, o->val, key, value)) < 0) {
 			fprintf(stderr, "kvarena-agent: (in %s, line %u)\n", path, lineno);
 			break;
 		}
 	}
+	free(line);
 	fclose(f);
 	return ret;
 }
@@ -480,5 +571,42 @@ int agent_config_parse(int argc, char **argv, struct agent_config *c)
 	}
 	if (!c->n_allow_uid && !c->n_allow_gid)
 		c->allow_uid[c->n_allow_uid++] = geteuid();
+	agent_config_limits(c);
+	if (c->max_slots_pid > c->max_workers || c->max_slots_uid > c->max_workers) {
+		fprintf(stderr, "kvarena-agent: --max-slots-per-pid %u / --max-slots-per-uid %u: "
+			"more than the %u worker slots\n", c->max_slots_pid, c->max_slots_uid,
+			c->max_workers);
+		return -EINVAL;
+	}
 	return 0;
+}
+
+/*
+ * agent_config_limits - the defaults of the limits left unset: room for
+ * others. One process may take a quarter of the slots (at least 2, for a
+ * worker and a thread); one user all of them when the allow policy admits
+ * one uid alone (nobody else could use them), three quarters otherwise.
+ */
+void agent_config_limits(struct agent_config *c)
+{
+	bool one_user = c->n_allow_uid == 1 && !c->n_allow_gid;
+
+	if (!c->max_pending)
+		c->max_pending = 256;
+	if (!c->max_pending_uid)
+		c->max_pending_uid = 16;
+	if (!c->hello_timeout_ms)
+		c->hello_timeout_ms = 2000;
+	if (!c->max_slots_pid)
+		c->max_slots_pid = c->max_workers / 4 < 2 ? (c->max_workers < 2 ? 1 : 2)
+							  : c->max_workers / 4;
+	if (!c->max_slots_uid)
+		c->max_slots_uid = one_user ? c->max_workers
+					    : (c->max_workers * 3 / 4 ? c->max_workers * 3 / 4 : 1);
+}
+
+/* agent_name_ok - @s is at most @max bytes of printable UTF-8 (text.h) */
+bool agent_name_ok(const char *s, size_t max)
+{
+	return text_printable(s, max);
 }

@@ -12,12 +12,14 @@
  *             "geometry":{"block_tokens","layers","kv_heads","head_dim",
  *                         "dtype","layout"}}
  *   workers  one object a worker: {"slot","name","pid","state","generation",
+ *             "agent_state","agent_pid","uid","agent_agrees",
  *             "owned","shared","cached","refills","flushes","shares"}
  *   map      {"blocks","cells","width","rows":[...],"legend":{char: meaning}}
  *   check    {"ok","free_blocks","owned_blocks","shared_blocks","shared_refs",
  *             "bad_descriptors","stale_owners","dead_holders","hints_missing",
  *             "dead_slots","first_bad_block","cached_blocks","index_bad",
- *             "published_blocks","published_count","published_bad","first_problem"}
+ *             "published_blocks","published_count","published_bad","first_problem",
+ *             "repairs","last_repair","reclaims_pending"}
  *   prefix   {"policy","index_entries","index_valid","index_tombstones",
  *             "index_ghosts","index_load","cached_blocks","published_blocks","hits","misses",
  *             "hit_ratio","published","duplicates","evictions":{"pressure",
@@ -27,7 +29,10 @@
  *   seqs     one object a worker: {"slot","name","pid","open_seqs","inference",
  *             "training","pinned","hits","misses","published","evictions"}
  * status also has "prefix_cached_blocks", "prefix_hits", "prefix_misses",
- * "evictions" and "evict_policy".
+ * "evictions", "evict_policy", "repairs", "last_repair" and "reclaims_pending".
+ * Names come from shared memory, which any worker can write: bytes that are
+ * not printable UTF-8 are printed as '?', so the JSON is always valid;
+ * counters are unsigned.
  * Exit status: 0; 1 when there is no agent, access is refused, or check
  * finds the invariant broken; 2 for a bad command line.
  */
@@ -39,6 +44,7 @@
 #include <string.h>
 
 #include "kvarena.h"
+#include "text.h"
 
 struct ctl {
 	const char *socket;
@@ -85,10 +91,30 @@ static void add_int(struct json_object *o, const char *k, int64_t v)
 	json_object_object_add(o, k, json_object_new_int64(v));
 }
 
+/* a counter: unsigned, whatever its top bit says */
+static void add_u64(struct json_object *o, const char *k, uint64_t v)
+{
+	json_object_object_add(o, k, json_object_new_uint64(v));
+}
+
 static void add_str(struct json_object *o, const char *k, const char *v)
 {
 	json_object_object_add(o, k, json_object_new_string(v));
 }
+
+/*
+ * A name read from shared memory, which any worker could have written: only
+ * printable UTF-8 goes out ('?' for the rest), so the JSON is valid and the
+ * terminal safe by construction.
+ */
+static const char *clean(const char *in, char *out, size_t cap)
+{
+	text_escape(in, out, cap, true);
+	return out;
+}
+
+static const char *const agent_slot_state[] = { "free", "reserved", "attached", "joined",
+						"reclaim pending" };
 
 static int cmd_status(struct ctl *c)
 {
@@ -98,9 +124,12 @@ static int cmd_status(struct ctl *c)
 	enum kva_agent_state as = kva_arena_agent(c->a, NULL);
 	struct kva_stats st;
 	struct kva_prefix_stats ps;
+	struct kva_agent_report ar;
 	struct json_object *o, *geo;
+	char buf[160];
 
-	if (kva_arena_stats(c->a, &st) < 0 || kva_arena_prefix_stats(c->a, &ps) < 0)
+	if (kva_arena_stats(c->a, &st) < 0 || kva_arena_prefix_stats(c->a, &ps) < 0 ||
+	    kva_arena_agent_report(c->a, &ar) < 0)
 		return 1;
 	if (!c->json) {
 		printf("arena \"%s\" (agent pid %d, %s)\n", info->name, c->agent.pid,
@@ -114,6 +143,10 @@ static int cmd_status(struct ctl *c)
 		       st.used_blocks, st.owned_blocks, st.shared_blocks, st.shared_refs,
 		       st.cached_blocks);
 		printf("  workers  %u of %u slots\n", st.workers, st.max_workers);
+		printf("  agent    %llu words repaired%s%s%s, %u reclaims pending\n",
+		       (unsigned long long)ar.repairs, ar.repairs ? " (last: " : "",
+		       ar.repairs ? clean(ar.last_repair, buf, sizeof(buf)) : "",
+		       ar.repairs ? ")" : "", ar.reclaims_pending);
 		printf("  block    %llu bytes: %u tokens x %u layers x K,V x %u kv heads x %u x %s, "
 		       "%s\n", (unsigned long long)info->layout.block_bytes, g->block_tokens,
 		       g->layers, g->kv_heads, g->head_dim, kva_dtype_name(g->dtype), layout);
@@ -125,7 +158,7 @@ static int cmd_status(struct ctl *c)
 		return 0;
 	}
 	o = json_object_new_object();
-	add_str(o, "arena", info->name);
+	add_str(o, "arena", clean(info->name, buf, sizeof(buf)));
 	add_int(o, "agent_pid", c->agent.pid);
 	add_str(o, "agent_state", agent_state[as]);
 	add_int(o, "total_blocks", st.total_blocks);
@@ -142,6 +175,9 @@ static int cmd_status(struct ctl *c)
 	add_str(o, "evict_policy", kva_evict_policy_name(ps.policy));
 	add_int(o, "workers", st.workers);
 	add_int(o, "max_workers", st.max_workers);
+	add_u64(o, "repairs", ar.repairs);
+	add_str(o, "last_repair", clean(ar.last_repair, buf, sizeof(buf)));
+	add_int(o, "reclaims_pending", ar.reclaims_pending);
 	add_int(o, "block_bytes", (int64_t)info->layout.block_bytes);
 	add_int(o, "data_bytes", (int64_t)info->layout.data_bytes);
 	add_int(o, "meta_bytes", (int64_t)info->meta_bytes);
@@ -158,42 +194,60 @@ static int cmd_status(struct ctl *c)
 	return print_json(o);
 }
 
+/*
+ * The workers: each slot as shared memory says it, and as the agent's own
+ * table has it (uid, state). A slot the two disagree on is marked '*': a word
+ * a worker overwrote, which the agent puts back at its next tick, or a
+ * worker that just joined or left.
+ */
 static int cmd_workers(struct ctl *c)
 {
 	struct kva_stats st;
+	struct kva_agent_report ar;
 	unsigned shown = 0;
+	char name[64];
 
-	if (kva_arena_stats(c->a, &st) < 0)
+	if (kva_arena_stats(c->a, &st) < 0 || kva_arena_agent_report(c->a, &ar) < 0)
 		return 1;
 	if (!c->json)
-		printf("slot  name              pid      state       owned   shared  cached  "
+		printf("slot  name              pid      uid    state       owned   shared  cached  "
 		       "refills  flushes  shares\n");
 	for (uint32_t s = 0; s < st.max_workers; s++) {
 		const struct kva_slot_stats *w = &st.slots[s];
+		const struct kva_agent_slot *g = &ar.slots[s];
+		bool differ = g->state != KVA_AGENT_SLOT_FREE &&
+			      (g->pid != w->pid || g->generation != w->generation);
 		struct json_object *o;
 
-		if (w->state == KVA_SLOT_FREE)
+		if (w->state == KVA_SLOT_FREE && g->state == KVA_AGENT_SLOT_FREE)
 			continue;
 		shown++;
+		clean(w->name, name, sizeof(name));
 		if (!c->json) {
-			printf("%c %-3u %-17s %-8d %-11s %-7u %-7u %-7u %-8llu %-8llu %llu\n",
-			       kva_slot_char(s), s, w->name, w->pid, slot_state[w->state & 3],
-			       w->owned, w->shared, w->cached, (unsigned long long)w->refills,
-			       (unsigned long long)w->flushes, (unsigned long long)w->shares);
+			printf("%c %-3u %-17s %-8d %-6d %-11s %-7u %-7u %-7u %-8llu %-8llu %llu%s\n",
+			       kva_slot_char(s), s, name, w->pid,
+			       g->state != KVA_AGENT_SLOT_FREE ? (int)g->uid : -1,
+			       slot_state[w->state & 3], w->owned, w->shared, w->cached,
+			       (unsigned long long)w->refills, (unsigned long long)w->flushes,
+			       (unsigned long long)w->shares, differ ? " *" : "");
 			continue;
 		}
 		o = json_object_new_object();
 		add_int(o, "slot", s);
-		add_str(o, "name", w->name);
+		add_str(o, "name", name);
 		add_int(o, "pid", w->pid);
 		add_str(o, "state", slot_state[w->state & 3]);
 		add_int(o, "generation", w->generation);
+		add_str(o, "agent_state", agent_slot_state[g->state]);
+		add_int(o, "agent_pid", g->pid);
+		add_u64(o, "uid", g->uid);
+		json_object_object_add(o, "agent_agrees", json_object_new_boolean(!differ));
 		add_int(o, "owned", w->owned);
 		add_int(o, "shared", w->shared);
 		add_int(o, "cached", w->cached);
-		add_int(o, "refills", (int64_t)w->refills);
-		add_int(o, "flushes", (int64_t)w->flushes);
-		add_int(o, "shares", (int64_t)w->shares);
+		add_u64(o, "refills", w->refills);
+		add_u64(o, "flushes", w->flushes);
+		add_u64(o, "shares", w->shares);
 		if (print_json(o))
 			return 1;
 	}
@@ -236,11 +290,14 @@ static int cmd_map(struct ctl *c)
 	add_str(legend, "+", "cached prefix (published, no holder)");
 	add_str(legend, "!", "corrupt or stale");
 	for (uint32_t s = 0; s < st.max_workers; s++) {
-		char key[2] = { kva_slot_char(s), 0 }, text[64];
+		char key[2] = { kva_slot_char(s), 0 }, text[96];
 
 		if (st.slots[s].state == KVA_SLOT_FREE)
 			continue;
-		snprintf(text, sizeof(text), "%s (pid %d)", st.slots[s].name, st.slots[s].pid);
+		char name[64];
+
+		snprintf(text, sizeof(text), "%s (pid %d)", clean(st.slots[s].name, name, sizeof(name)),
+			 st.slots[s].pid);
 		add_str(legend, key, text);
 	}
 	json_object_object_add(o, "legend", legend);
@@ -293,30 +350,30 @@ static int cmd_prefix(struct ctl *c)
 	}
 	o = json_object_new_object();
 	add_str(o, "policy", kva_evict_policy_name(ps.policy));
-	add_int(o, "index_entries", (int64_t)ps.index_entries);
-	add_int(o, "index_valid", (int64_t)ps.index_valid);
-	add_int(o, "index_tombstones", (int64_t)ps.index_tombstones);
-	add_int(o, "index_ghosts", (int64_t)ps.index_ghosts);
+	add_u64(o, "index_entries", ps.index_entries);
+	add_u64(o, "index_valid", ps.index_valid);
+	add_u64(o, "index_tombstones", ps.index_tombstones);
+	add_u64(o, "index_ghosts", ps.index_ghosts);
 	json_object_object_add(o, "index_load", json_object_new_double(load));
-	add_int(o, "cached_blocks", (int64_t)ps.cached_blocks);
-	add_int(o, "published_blocks", (int64_t)ps.published_blocks);
-	add_int(o, "hits", (int64_t)ps.hits);
-	add_int(o, "misses", (int64_t)ps.misses);
+	add_u64(o, "cached_blocks", ps.cached_blocks);
+	add_u64(o, "published_blocks", ps.published_blocks);
+	add_u64(o, "hits", ps.hits);
+	add_u64(o, "misses", ps.misses);
 	json_object_object_add(o, "hit_ratio", json_object_new_double(ratio));
-	add_int(o, "published", (int64_t)ps.published);
-	add_int(o, "duplicates", (int64_t)ps.duplicates);
+	add_u64(o, "published", ps.published);
+	add_u64(o, "duplicates", ps.duplicates);
 	ev = json_object_new_object();
-	add_int(ev, "pressure", (int64_t)ps.evictions);
-	add_int(ev, "stale_entries", (int64_t)ps.stale_entries);
+	add_u64(ev, "pressure", ps.evictions);
+	add_u64(ev, "stale_entries", ps.stale_entries);
 	json_object_object_add(o, "evictions", ev);
-	add_int(o, "index_full", (int64_t)ps.index_full);
-	add_int(o, "published_now", (int64_t)ps.published_now);
-	add_int(o, "cache_limit", (int64_t)ps.cache_limit);
-	add_int(o, "open_seqs", (int64_t)ps.open_seqs);
+	add_u64(o, "index_full", ps.index_full);
+	add_u64(o, "published_now", ps.published_now);
+	add_u64(o, "cache_limit", ps.cache_limit);
+	add_u64(o, "open_seqs", ps.open_seqs);
 	use = json_object_new_object();
 	q = json_object_new_object();
 	for (unsigned k = 0; k < KVA_OWNER_KINDS; k++) {
-		add_int(use, kinds[k], (int64_t)ps.kind_blocks[k]);
+		add_u64(use, kinds[k], ps.kind_blocks[k]);
 		add_int(q, kinds[k], ps.quotas.kind[k]);
 	}
 	json_object_object_add(o, "usage", use);
@@ -329,7 +386,7 @@ static int cmd_prefix(struct ctl *c)
 		e = json_object_new_object();
 		add_int(e, "tenant", ps.quotas.tenant[t].tenant);
 		add_int(e, "blocks", ps.quotas.tenant[t].blocks);
-		add_int(e, "used", (int64_t)ps.tenant_blocks[t]);
+		add_u64(e, "used", ps.tenant_blocks[t]);
 		json_object_array_add(ts, e);
 	}
 	json_object_object_add(q, "tenants", ts);
@@ -355,9 +412,12 @@ static int cmd_seqs(struct ctl *c)
 		if (w->state == KVA_SLOT_FREE || kva_arena_seq_stats(c->a, s, &q) < 0)
 			continue;
 		shown++;
+		char name[64];
+
+		clean(w->name, name, sizeof(name));
 		if (!c->json) {
 			printf("%c %-3u %-17s %-8d %-5u %-9llu %-8llu %-8llu %-9llu %-9llu %-9llu "
-			       "%llu\n", kva_slot_char(s), s, w->name, w->pid, q.open_seqs,
+			       "%llu\n", kva_slot_char(s), s, name, w->pid, q.open_seqs,
 			       (unsigned long long)q.kind_blocks[0], (unsigned long long)q.kind_blocks[1],
 			       (unsigned long long)q.kind_blocks[2], (unsigned long long)q.hits,
 			       (unsigned long long)q.misses, (unsigned long long)q.published,
@@ -366,16 +426,16 @@ static int cmd_seqs(struct ctl *c)
 		}
 		o = json_object_new_object();
 		add_int(o, "slot", s);
-		add_str(o, "name", w->name);
+		add_str(o, "name", name);
 		add_int(o, "pid", w->pid);
 		add_int(o, "open_seqs", q.open_seqs);
-		add_int(o, "inference", (int64_t)q.kind_blocks[0]);
-		add_int(o, "training", (int64_t)q.kind_blocks[1]);
-		add_int(o, "pinned", (int64_t)q.kind_blocks[2]);
-		add_int(o, "hits", (int64_t)q.hits);
-		add_int(o, "misses", (int64_t)q.misses);
-		add_int(o, "published", (int64_t)q.published);
-		add_int(o, "evictions", (int64_t)q.evictions);
+		add_u64(o, "inference", q.kind_blocks[0]);
+		add_u64(o, "training", q.kind_blocks[1]);
+		add_u64(o, "pinned", q.kind_blocks[2]);
+		add_u64(o, "hits", q.hits);
+		add_u64(o, "misses", q.misses);
+		add_u64(o, "published", q.published);
+		add_u64(o, "evictions", q.evictions);
 		if (print_json(o))
 			return 1;
 	}
@@ -388,8 +448,11 @@ static int cmd_check(struct ctl *c)
 {
 	struct kva_check_report r;
 	int ret = kva_arena_check(c->a, &r);
+	struct kva_agent_report ar;
 	struct json_object *o;
+	char buf[160];
 
+	kva_arena_agent_report(c->a, &ar);
 	if (!c->json) {
 		printf("%s: %u free, %u owned, %u shared (%u holders), %u cached, %u published "
 		       "(counted %llu); %u corrupt descriptors, %u stale owners, %u dead holders, "
@@ -399,7 +462,11 @@ static int cmd_check(struct ctl *c)
 		       (unsigned long long)r.published_count, r.bad_descriptors, r.stale_owners,
 		       r.dead_holders, r.hints_missing, r.index_bad, r.dead_slots);
 		if (ret)
-			printf("first problem: %s\n", r.first_problem);
+			printf("first problem: %s\n", clean(r.first_problem, buf, sizeof(buf)));
+		if (ar.repairs || ar.reclaims_pending)
+			printf("the agent repaired %llu overwritten words (last: %s); %u reclaims "
+			       "pending\n", (unsigned long long)ar.repairs,
+			       clean(ar.last_repair, buf, sizeof(buf)), ar.reclaims_pending);
 		return ret ? 1 : 0;
 	}
 	o = json_object_new_object();
@@ -419,7 +486,10 @@ static int cmd_check(struct ctl *c)
 	add_int(o, "published_blocks", r.published_blocks);
 	add_int(o, "published_count", (int64_t)r.published_count);
 	add_int(o, "published_bad", r.published_bad);
-	json_object_object_add(o, "first_problem", json_object_new_string(r.first_problem));
+	add_str(o, "first_problem", clean(r.first_problem, buf, sizeof(buf)));
+	add_u64(o, "repairs", ar.repairs);
+	add_str(o, "last_repair", clean(ar.last_repair, buf, sizeof(buf)));
+	add_int(o, "reclaims_pending", ar.reclaims_pending);
 	return print_json(o) || ret ? 1 : 0;
 }
 
@@ -502,7 +572,9 @@ int main(int argc, char **argv)
 		kva_arena_close(c.a);
 		return ret;
 	}
-	fprintf(stderr, "kvarena-ctl: unknown command \"%s\" (status, workers, map, check)\n",
-		c.command);
+	fprintf(stderr, "kvarena-ctl: unknown command \"%s\" (", c.command);
+	for (unsigned k = 0; k < sizeof(commands) / sizeof(commands[0]); k++)
+		fprintf(stderr, "%s%s", k ? ", " : "", commands[k].name);
+	fprintf(stderr, ")\n");
 	return 2;
 }

@@ -3,8 +3,16 @@
  * log.c - one line per event on stderr, with its level. Under systemd (the
  * journal sets JOURNAL_STREAM) the level is given as sd-daemon's "<N>"
  * prefix, so the journal records it as a priority.
+ *
+ * What goes into a line comes partly from outside (worker names, bytes of
+ * shared memory, a peer's message): every byte that is not printable UTF-8
+ * is written as \xNN, so nobody can forge a line or break a reader's
+ * decoding. A call site that fires more than LOG_BURST times in a second
+ * (a flood of connections, a retry) is held to one line a second saying how
+ * many lines like it were left out.
  */
 #include <stdarg.h>
+#include <stdbool.h>
 #include <stdio.h>
 #include <stdlib.h>
 #include <string.h>
@@ -12,6 +20,7 @@
 #include <unistd.h>
 
 #include "agent_pvt.h"
+#include "text.h"
 
 int agent_log_level = LOG_INFO;
 
@@ -26,14 +35,75 @@ int agent_log_level_parse(const char *s)
 	return -1;
 }
 
+/* rate limit per call site (its format string) */
+struct site {
+	const char *fmt;
+	uint64_t window;    /* the second it counts in */
+	unsigned lines, dropped;
+};
+
+static struct site sites[64];
+
+static bool let_through(const char *fmt, unsigned *dropped_before)
+{
+	struct timespec ts;
+	uint64_t sec;
+	struct site *s = NULL;
+
+	clock_gettime(CLOCK_MONOTONIC, &ts);
+	sec = (uint64_t)ts.tv_sec;
+	*dropped_before = 0;
+	for (unsigned k = 0; k < 64 && !s; k++)
+		if (sites[k].fmt == fmt || !sites[k].fmt)
+			s = &sites[k];
+	if (!s) /* more sites than kept: the least recently used one goes */
+		for (unsigned k = 0, oldest = 0; k < 64; k++)
+			if (sites[k].window <= sites[oldest].window)
+				s = &sites[oldest = k];
+	if (s->fmt != fmt)
+		*s = (struct site){ .fmt = fmt, .window = sec };
+	if (s->window != sec) {
+		*dropped_before = s->dropped;
+		s->window = sec;
+		s->lines = s->dropped = 0;
+	}
+	if (++s->lines > LOG_BURST) {
+		s->dropped++;
+		return false;
+	}
+	return true;
+}
+
+/*
+ * agent_log_flush - on the clock: a call site whose second is over and that
+ * left lines out says how many, even if it logs nothing more (a flood that
+ * ended).
+ */
+void agent_log_flush(void)
+{
+	struct timespec ts;
+
+	clock_gettime(CLOCK_MONOTONIC, &ts);
+	for (unsigned k = 0; k < 64; k++) {
+		struct site *s = &sites[k];
+
+		if (!s->fmt || !s->dropped || s->window == (uint64_t)ts.tv_sec)
+			continue;
+		agent_log(LOG_WARN, "%u more lines like \"%.60s\" were left out in the last second",
+			  s->dropped, s->fmt);
+		s->dropped = 0;
+	}
+}
+
 void agent_log(int level, const char *fmt, ...)
 {
 	static int journal = -1;
-	char line[1024];
+	char raw[1024], line[1200];
+	unsigned dropped;
 	va_list ap;
 	int n;
 
-	if (level > agent_log_level)
+	if (level > agent_log_level || !let_through(fmt, &dropped))
 		return;
 	if (journal < 0)
 		journal = getenv("JOURNAL_STREAM") != NULL;
@@ -50,10 +120,15 @@ void agent_log(int level, const char *fmt, ...)
 			     names[level]);
 	}
 	va_start(ap, fmt);
-	vsnprintf(line + n, sizeof(line) - (size_t)n, fmt, ap);
+	vsnprintf(raw, sizeof(raw), fmt, ap);
 	va_end(ap);
-	/* one write per line: lines from concurrent writers do not interleave */
+	text_escape(raw, line + n, sizeof(line) - (size_t)n - 64, false);
 	n = (int)strlen(line);
+	if (dropped)
+		n += snprintf(line + n, sizeof(line) - (size_t)n,
+			      " [%u more lines like this one were left out in the last second]",
+			      dropped);
+	/* one write per line: lines from concurrent writers do not interleave */
 	if (n < (int)sizeof(line) - 1)
 		line[n++] = '\n';
 	if (write(STDERR_FILENO, line, (size_t)n) < 0)

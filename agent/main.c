@@ -3,10 +3,14 @@
  * main.c - kvarena-agent: read the configuration, make the arena, serve.
  */
 #include <errno.h>
+#include <numa.h>
+#include <signal.h>
 #include <stdio.h>
 #include <string.h>
+#include <unistd.h>
 
 #include "agent_pvt.h"
+#include "arena_pvt.h"
 
 /* The number of blocks --memory holds, for the geometry. */
 static int blocks_for_memory(const struct agent_config *c, uint32_t *blocks)
@@ -37,6 +41,46 @@ static int blocks_for_memory(const struct agent_config *c, uint32_t *blocks)
 	return 0;
 }
 
+/*
+ * The arena must fit the memory there is: a 1 TiB arena on a 24 GiB machine
+ * starts (memfds are lazy), then fails a worker at a random page with SIGBUS
+ * or OOM, and the first full check faults gigabytes of index into memory.
+ * Refused unless the operator says --allow-overcommit; the memory of the
+ * NUMA node when bound to one.
+ */
+static int fits_memory(const struct agent_config *c)
+{
+	struct kva_block_layout l;
+	struct kva__meta_layout m;
+	uint64_t need, have;
+	const char *where = "the machine";
+	char node[32];
+
+	if (kva_geometry_layout(&c->geometry, c->blocks, &l) < 0) {
+		log_err("geometry: %s", kva_errmsg());
+		return -EINVAL;
+	}
+	kva__meta_layout(c->blocks, c->max_workers, &m);
+	need = l.data_bytes + m.meta_bytes;
+	have = (uint64_t)sysconf(_SC_PHYS_PAGES) * (uint64_t)sysconf(_SC_PAGESIZE);
+	if (c->numa_node >= 0 && numa_available() >= 0) {
+		long long node_bytes = numa_node_size64(c->numa_node, NULL);
+
+		if (node_bytes > 0) {
+			have = (uint64_t)node_bytes;
+			snprintf(node, sizeof(node), "NUMA node %d", c->numa_node);
+			where = node;
+		}
+	}
+	if (need <= have || c->allow_overcommit)
+		return 0;
+	log_err("the arena needs %.1f GiB (%.1f GiB of blocks, %.1f GiB of metadata), %s has "
+		"%.1f GiB of memory: a smaller --memory or --blocks, or --allow-overcommit",
+		(double)need / (1ull << 30), (double)l.data_bytes / (1ull << 30),
+		(double)m.meta_bytes / (1ull << 30), where, (double)have / (1ull << 30));
+	return -ENOMEM;
+}
+
 int main(int argc, char **argv)
 {
 	struct agent_config c;
@@ -48,7 +92,11 @@ int main(int argc, char **argv)
 	if (ret)
 		return ret > 0 ? 0 : 2;
 	agent_log_level = c.log_level;
+	/* a file size limit is an error to report (EFBIG), not a death */
+	signal(SIGXFSZ, SIG_IGN);
 	if (!c.blocks && blocks_for_memory(&c, &c.blocks) < 0)
+		return 2;
+	if (fits_memory(&c) < 0)
 		return 2;
 	o = (struct kva_arena_opts){
 		.blocks = c.blocks, .max_workers = c.max_workers,
@@ -63,6 +111,20 @@ int main(int argc, char **argv)
 	kva_arena_set_quotas(a, &c.quotas);
 	kva_arena_set_cache_limit(a, c.cache_limit);
 	info = kva_arena_info(a);
+	if (c.prefault) {
+		uint64_t t0 = agent_now_ns();
+
+		if ((ret = kva__arena_prefault(a)) < 0) {
+			log_err("--prefault: the arena's %.1f MiB are not all there: %s",
+				(double)(info->layout.data_bytes + info->meta_bytes) / (1 << 20),
+				strerror(-ret));
+			kva_arena_close(a);
+			return 1;
+		}
+		log_info("--prefault: %.1f MiB touched in %.0f ms",
+			 (double)(info->layout.data_bytes + info->meta_bytes) / (1 << 20),
+			 (double)(agent_now_ns() - t0) / 1e6);
+	}
 	log_info("arena \"%s\" (%s backend): %u blocks of %llu KiB (%u tokens x %u layers x K,V x "
 		 "%u kv heads x %u x %s, %s), %.1f MiB data%s, %u worker slots, worker cache %u",
 		 info->name, c.backend, info->blocks,

@@ -1,32 +1,33 @@
 /* SPDX-License-Identifier: MIT */
 /*
  * server.c - the agent's one thread: an epoll loop over the listening socket,
- * every connection, a pidfd per admitted worker, a signalfd and a timerfd.
+ * every connection, a pidfd per watched worker, a signalfd and a timerfd.
  *
- * A worker's life, as the agent sees it:
- *   HELLO        credentials checked, a slot reserved for its pid, WELCOME
- *                with the region fds, its pidfd watched
- *   (it adopts the slot and works in shared memory; the agent sees nothing)
- *   BYE or EOF   it left: its slot is FREE again, forget it; or it closed the
- *                socket without leaving: keep watching its pidfd
- *   pidfd        it exited: reclaim its slot unless it left first
- * A slot reserved but never adopted is taken back when the connection ends.
- *
- * Nothing read from shared memory is trusted: slot indices come from the
- * agent's own table, and the arena's reclaim and check bounds-check every
- * word they read.
+ * A connection's life, as the agent sees it:
+ *   accepted       its credentials read at once (SO_PEERCRED): it is
+ *                  counted against the connections that may wait for their
+ *                  HELLO, in all and per uid, and must say HELLO within
+ *                  --hello-timeout; a flood of silent connections closes the
+ *                  oldest of them, never anyone else's
+ *   HELLO          checked (pid, name, allow policy, per-process and per-user
+ *                  slot limits); an observer gets read-only fds and is closed;
+ *                  a worker gets a slot from the agent's own table (slots.c)
+ *                  and the region fds; its process is watched with a pidfd
+ *   BYE or EOF     it left, or its process ended: slots.c decides from the
+ *                  table, and checks the shared slot word
+ * Every refusal is a REFUSE with the reason the peer reads in kva_errmsg(),
+ * and one log line (a burst of them: one line a second with a count).
  */
 #include <errno.h>
 #include <fcntl.h>
 #include <libgen.h>
-#include <poll.h>
 #include <stdarg.h>
 #include <signal.h>
 #include <stdio.h>
 #include <stdlib.h>
 #include <string.h>
 #include <sys/epoll.h>
-#include <sys/pidfd.h>
+#include <sys/resource.h>
 #include <sys/signalfd.h>
 #include <sys/socket.h>
 #include <sys/stat.h>
@@ -37,45 +38,13 @@
 #include <unistd.h>
 
 #include "agent_pvt.h"
+#include "arena_pvt.h"
 #include "proto_pvt.h"
 
-#define MAX_CLIENTS (KVA_MAX_WORKERS + 64)
 #define TICK_MS 100
+#define LISTEN_BACKOFF_MAX_MS 1000
 
-enum watch_kind { W_LISTEN, W_SIGNAL, W_TIMER, W_CONN, W_PIDFD };
-
-struct client;
-struct watch {
-	enum watch_kind kind;
-	struct client *c;
-};
-
-struct client {
-	int fd;            /* the connection; -1 once it ended */
-	int pidfd;         /* an admitted worker's process; -1 otherwise */
-	pid_t pid;
-	uid_t uid;
-	gid_t gid;
-	bool admitted;
-	bool observer;
-	bool reclaim_pending; /* its process died, its reclaim failed: the timer retries */
-	uint32_t slot, gen;
-	char name[KVA__NAME_LEN];
-	struct watch wconn, wpid;
-};
-
-struct agent {
-	const struct agent_config *cfg;
-	struct kva_arena *a;
-	int ep, lfd, sfd, tfd;
-	struct client *clients[MAX_CLIENTS];
-	struct watch wlisten, wsignal, wtimer;
-	bool stopping;
-	uint64_t deadline_ns, last_check_ns;
-	uint64_t admitted, refused, reclaimed;
-};
-
-static uint64_t now_ns(void)
+uint64_t agent_now_ns(void)
 {
 	struct timespec ts;
 
@@ -83,14 +52,14 @@ static uint64_t now_ns(void)
 	return (uint64_t)ts.tv_sec * 1000000000ull + (uint64_t)ts.tv_nsec;
 }
 
-static int watch(struct agent *ag, int fd, struct watch *w)
+int agent_watch(struct agent *ag, int fd, struct watch *w)
 {
 	struct epoll_event ev = { .events = EPOLLIN, .data.ptr = w };
 
 	return epoll_ctl(ag->ep, EPOLL_CTL_ADD, fd, &ev) < 0 ? -errno : 0;
 }
 
-static void unwatch(struct agent *ag, int *fd)
+void agent_unwatch(struct agent *ag, int *fd)
 {
 	if (*fd < 0)
 		return;
@@ -101,21 +70,77 @@ static void unwatch(struct agent *ag, int *fd)
 
 static void client_free(struct agent *ag, struct client *cl)
 {
-	unwatch(ag, &cl->fd);
-	unwatch(ag, &cl->pidfd);
-	for (unsigned k = 0; k < MAX_CLIENTS; k++)
+	slots_conn_ended(ag, cl);
+	agent_unwatch(ag, &cl->fd);
+	for (unsigned k = 0; k < ag->max_clients; k++)
 		if (ag->clients[k] == cl)
 			ag->clients[k] = NULL;
 	free(cl);
 }
 
-static unsigned workers(const struct agent *ag)
+#define YOUNG_NS 100000000ull /* a connection this young is a client still sending its HELLO */
+
+/*
+ * Connections still waiting for their HELLO: all of them, and those of @uid;
+ * in *@oldest and *@oldest_uid, the oldest of each that has been silent for
+ * longer than a client takes to send a HELLO (NULL if none).
+ */
+static unsigned pending(const struct agent *ag, uid_t uid, unsigned *of_uid, struct client **oldest,
+			struct client **oldest_uid)
 {
+	uint64_t now = agent_now_ns();
 	unsigned n = 0;
 
-	for (unsigned k = 0; k < MAX_CLIENTS; k++)
-		n += ag->clients[k] && ag->clients[k]->admitted && !ag->clients[k]->observer;
+	*of_uid = 0;
+	*oldest = *oldest_uid = NULL;
+	for (unsigned k = 0; k < ag->max_clients; k++) {
+		struct client *cl = ag->clients[k];
+
+		if (!cl || cl->hello)
+			continue;
+		n++;
+		*of_uid += cl->uid == uid;
+		if (now - cl->since_ns < YOUNG_NS)
+			continue;
+		if (!*oldest || cl->since_ns < (*oldest)->since_ns)
+			*oldest = cl;
+		if (cl->uid == uid && (!*oldest_uid || cl->since_ns < (*oldest_uid)->since_ns))
+			*oldest_uid = cl;
+	}
 	return n;
+}
+
+/* ------------------------------------------------------------ refusing */
+
+static void send_refuse(int fd, enum kva__refusal why, const char *text)
+{
+	union kva__msg m;
+
+	kva__msg_init(&m, KVA__MSG_REFUSE);
+	m.refuse.reason = why;
+	kva__msg_str(m.refuse.text, sizeof(m.refuse.text), text);
+	kva__sock_send(fd, &m, NULL, 0); /* best effort: it may be gone */
+}
+
+static int refuse(struct agent *ag, struct client *cl, enum kva__refusal why, const char *fmt,
+		  ...) __attribute__((format(printf, 4, 5)));
+
+static int refuse(struct agent *ag, struct client *cl, enum kva__refusal why, const char *fmt,
+		   ...)
+{
+	char text[KVA__TEXT_LEN];
+	va_list ap;
+
+	va_start(ap, fmt);
+	vsnprintf(text, sizeof(text), fmt, ap);
+	va_end(ap);
+	/* the log line first: it exists by the time the peer reads why */
+	log_warn("refused pid %d uid %u gid %u (\"%s\"): %s: %s", (int)cl->pid, (unsigned)cl->uid,
+		 (unsigned)cl->gid, cl->name, kva__refusal_name(why), text);
+	send_refuse(cl->fd, why, text);
+	ag->refused++;
+	client_free(ag, cl);
+	return 0;
 }
 
 /* ------------------------------------------------------------ listening */
@@ -157,7 +182,7 @@ static int listen_socket(const struct agent_config *c, int *out)
 	umask(old);
 	if (ret < 0 || chmod(c->socket, c->socket_mode) < 0 ||
 	    (c->socket_group != (gid_t)-1 && chown(c->socket, (uid_t)-1, c->socket_group) < 0) ||
-	    listen(fd, 64) < 0) {
+	    listen(fd, 128) < 0) {
 		ret = -errno;
 		log_err("listening on %s: %s", c->socket, strerror(-ret));
 		close(fd);
@@ -167,61 +192,106 @@ static int listen_socket(const struct agent_config *c, int *out)
 	return 0;
 }
 
+/*
+ * Out of file descriptors: accept() fails on every wakeup while the backlog
+ * waits, which would be a busy loop. The spare descriptor (kept open for
+ * this) is given up to accept one connection and tell it why it is refused,
+ * then the listener is left unwatched for a while, longer each time it
+ * happens again.
+ */
+static void out_of_fds(struct agent *ag, int err)
+{
+	uint64_t now = agent_now_ns();
+
+	if (ag->spare_fd >= 0) {
+		int fd;
+
+		close(ag->spare_fd);
+		ag->spare_fd = -1;
+		fd = accept4(ag->lfd, NULL, NULL, SOCK_CLOEXEC | SOCK_NONBLOCK);
+		if (fd >= 0) {
+			send_refuse(fd, KVA__REFUSE_INTERNAL,
+				    "the agent is out of file descriptors: try again later");
+			close(fd);
+		}
+		ag->spare_fd = open("/dev/null", O_RDONLY | O_CLOEXEC);
+	}
+	ag->listen_backoff_ms = ag->listen_backoff_ms ? ag->listen_backoff_ms * 2 : 100;
+	if (ag->listen_backoff_ms > LISTEN_BACKOFF_MAX_MS)
+		ag->listen_backoff_ms = LISTEN_BACKOFF_MAX_MS;
+	epoll_ctl(ag->ep, EPOLL_CTL_DEL, ag->lfd, NULL);
+	ag->listen_paused = true;
+	ag->listen_resume_ns = now + ag->listen_backoff_ms * 1000000ull;
+	log_warn("accept: %s: connections refused, listening again in %llu ms (raise the "
+		 "descriptor limit: ulimit -n, LimitNOFILE=)", strerror(err),
+		 (unsigned long long)ag->listen_backoff_ms);
+}
+
+static int on_conn(struct agent *ag, struct client *cl);
+
+/*
+ * Each connection is counted against --max-pending until its HELLO, and
+ * against --max-pending-per-uid for its user. At either limit, the oldest
+ * connection that has stayed silent (beyond the 100 ms a client needs) is
+ * closed to make room: a flood of silent connections costs only its own
+ * sender's. A burst of real clients (all young) is let in up to the table.
+ */
 static void on_listen(struct agent *ag)
 {
 	for (;;) {
 		int fd = accept4(ag->lfd, NULL, NULL, SOCK_CLOEXEC | SOCK_NONBLOCK);
-		struct client *cl;
-		unsigned k;
+		struct ucred cred;
+		socklen_t len = sizeof(cred);
+		struct client *cl, *oldest, *oldest_uid;
+		unsigned k, of_uid, n;
 
 		if (fd < 0) {
-			if (errno != EAGAIN && errno != EINTR && errno != ECONNABORTED)
+			if (errno == EMFILE || errno == ENFILE || errno == ENOBUFS || errno == ENOMEM)
+				out_of_fds(ag, errno);
+			else if (errno != EAGAIN && errno != EINTR && errno != ECONNABORTED)
 				log_warn("accept: %s", strerror(errno));
 			return;
 		}
-		for (k = 0; k < MAX_CLIENTS && ag->clients[k]; k++)
-			;
-		cl = k < MAX_CLIENTS ? calloc(1, sizeof(*cl)) : NULL;
-		if (!cl) {
-			log_warn("too many connections: one closed before its HELLO");
+		ag->listen_backoff_ms = 0;
+		if (getsockopt(fd, SOL_SOCKET, SO_PEERCRED, &cred, &len) < 0) {
+			log_warn("SO_PEERCRED: %s", strerror(errno));
 			close(fd);
 			continue;
 		}
-		*cl = (struct client){ .fd = fd, .pidfd = -1 };
-		cl->wconn = (struct watch){ W_CONN, cl };
-		cl->wpid = (struct watch){ W_PIDFD, cl };
+		n = pending(ag, cred.uid, &of_uid, &oldest, &oldest_uid);
+		if (of_uid >= ag->cfg->max_pending_uid && oldest_uid)
+			refuse(ag, oldest_uid, KVA__REFUSE_LIMIT, "no HELLO, and %u connections of "
+			       "uid %u wait (--max-pending-per-uid): the oldest goes", of_uid,
+			       (unsigned)cred.uid);
+		else if (n >= ag->cfg->max_pending && oldest)
+			refuse(ag, oldest, KVA__REFUSE_LIMIT, "no HELLO, and %u connections wait "
+			       "(--max-pending): the oldest goes", n);
+		for (k = 0; k < ag->max_clients && ag->clients[k]; k++)
+			;
+		cl = k < ag->max_clients ? calloc(1, sizeof(*cl)) : NULL;
+		if (!cl) {
+			log_warn("refused pid %d uid %u: %u connections wait for their HELLO, none "
+				 "silent long enough to close", (int)cred.pid, (unsigned)cred.uid, n);
+			send_refuse(fd, KVA__REFUSE_LIMIT, "the agent has no room for a connection: "
+				    "try again");
+			close(fd);
+			ag->refused++;
+			continue;
+		}
+		*cl = (struct client){ .fd = fd, .pid = cred.pid, .uid = cred.uid, .gid = cred.gid,
+				       .since_ns = agent_now_ns(), .slot = UINT32_MAX };
+		snprintf(cl->name, sizeof(cl->name), "?");
+		cl->w = (struct watch){ W_CONN, cl, NULL };
 		ag->clients[k] = cl;
-		if (watch(ag, fd, &cl->wconn) < 0)
+		if (agent_watch(ag, fd, &cl->w) < 0) {
 			client_free(ag, cl);
+			continue;
+		}
+		on_conn(ag, cl); /* a HELLO sent with the connect is read now */
 	}
 }
 
 /* ------------------------------------------------------------ admission */
-
-static int refuse(struct agent *ag, struct client *cl, enum kva__refusal why, const char *fmt,
-		  ...) __attribute__((format(printf, 4, 5)));
-
-static int refuse(struct agent *ag, struct client *cl, enum kva__refusal why, const char *fmt,
-		   ...)
-{
-	union kva__msg m;
-	char text[KVA__TEXT_LEN];
-	va_list ap;
-
-	va_start(ap, fmt);
-	vsnprintf(text, sizeof(text), fmt, ap);
-	va_end(ap);
-	/* the log line first: it exists by the time the peer reads why */
-	log_warn("refused pid %d uid %u gid %u (\"%s\"): %s: %s", (int)cl->pid, (unsigned)cl->uid,
-		 (unsigned)cl->gid, cl->name, kva__refusal_name(why), text);
-	kva__msg_init(&m, KVA__MSG_REFUSE);
-	m.refuse.reason = why;
-	kva__msg_str(m.refuse.text, sizeof(m.refuse.text), text);
-	kva__sock_send(cl->fd, &m, NULL, 0);
-	ag->refused++;
-	client_free(ag, cl);
-	return 0;
-}
 
 static bool in_list(const uint32_t *list, unsigned n, uint32_t id)
 {
@@ -256,15 +326,16 @@ static int reopen_ro(int fd)
 	return open(path, O_RDONLY | O_CLOEXEC);
 }
 
-static int welcome(struct agent *ag, struct client *cl, uint32_t slot, uint32_t gen, bool ro)
+static int welcome(struct agent *ag, struct client *cl, bool ro)
 {
 	const struct kva_arena_info *info = kva_arena_info(ag->a);
 	int fds[2] = { kva_arena_meta_fd(ag->a), kva_arena_data_fd(ag->a) }, ret;
+	struct slot_entry *e = ro ? NULL : &ag->slots[cl->slot];
 	union kva__msg m;
 
 	kva__msg_init(&m, KVA__MSG_WELCOME);
-	m.welcome.slot = slot;
-	m.welcome.generation = gen;
+	m.welcome.slot = ro ? KVA__NO_SLOT : cl->slot;
+	m.welcome.generation = ro ? 0 : e->gen;
 	m.welcome.agent_pid = getpid();
 	m.welcome.flags = ro ? KVA__WELCOME_READONLY : 0;
 	m.welcome.meta_bytes = info->meta_bytes;
@@ -283,161 +354,70 @@ static int welcome(struct agent *ag, struct client *cl, uint32_t slot, uint32_t 
 	}
 	if (ret < 0) {
 		log_warn("WELCOME to pid %d: %s", (int)cl->pid, strerror(-ret));
-		if (slot != KVA__NO_SLOT)
-			kva_arena_release_slot(ag->a, slot, gen);
+		if (!ro) /* no worker came of it: the reservation goes back */
+			cl->admitted = true;
+		client_free(ag, cl);
+		return 0;
+	}
+	if (ro) {
+		/* an observer needs nothing more: its mapping is all it has */
+		log_debug("observer pid %d uid %u given a read-only mapping", (int)cl->pid,
+			  (unsigned)cl->uid);
 		client_free(ag, cl);
 		return 0;
 	}
 	cl->admitted = true;
-	if (ro) {
-		log_debug("observer pid %d uid %u given a read-only mapping", (int)cl->pid,
-			  (unsigned)cl->uid);
-		return 0;
-	}
 	ag->admitted++;
 	log_info("worker \"%s\" pid %d uid %u attached to slot %u", cl->name, (int)cl->pid,
-		 (unsigned)cl->uid, slot);
+		 (unsigned)cl->uid, cl->slot);
 	return 0;
 }
 
-static int on_hello(struct agent *ag, struct client *cl, const char *buf, int n, int nfds)
+static int on_hello(struct agent *ag, struct client *cl, const char *buf, int n)
 {
-	struct ucred cred;
-	socklen_t len = sizeof(cred);
 	union kva__msg m;
+	char why[KVA__TEXT_LEN];
 	int version = kva__msg_version(buf, (size_t)n), ret;
+	bool observer;
 
-	if (getsockopt(cl->fd, SOL_SOCKET, SO_PEERCRED, &cred, &len) < 0) {
-		log_warn("SO_PEERCRED: %s", strerror(errno));
-		client_free(ag, cl);
-		return 0;
-	}
-	cl->pid = cred.pid;
-	cl->uid = cred.uid;
-	cl->gid = cred.gid;
-	snprintf(cl->name, sizeof(cl->name), "?");
 	if (version >= 0 && version != KVA__PROTO_VERSION)
 		return refuse(ag, cl, KVA__REFUSE_VERSION, "the agent speaks protocol %u, not %d",
 			      KVA__PROTO_VERSION, version);
-	if ((ret = kva__msg_decode(buf, (size_t)n, nfds, &m)) < 0)
+	if ((ret = kva__msg_decode(buf, (size_t)n, 0, &m)) < 0)
 		return refuse(ag, cl, KVA__REFUSE_PROTOCOL, "%s", kva_errmsg());
 	if (m.h.type != KVA__MSG_HELLO)
 		return refuse(ag, cl, KVA__REFUSE_PROTOCOL, "expected HELLO, got %s",
 			      kva__msg_type_name(m.h.type));
+	if (!agent_name_ok(m.hello.name, sizeof(m.hello.name) - 1))
+		return refuse(ag, cl, KVA__REFUSE_PROTOCOL, "the worker's name must be printable "
+			      "UTF-8 of at most %zu bytes", sizeof(m.hello.name) - 1);
 	memcpy(cl->name, m.hello.name, sizeof(cl->name));
-	cl->observer = m.hello.flags & KVA__HELLO_OBSERVER;
-	if (m.hello.pid != cred.pid)
+	observer = m.hello.flags & KVA__HELLO_OBSERVER;
+	if (m.hello.pid != cl->pid)
 		return refuse(ag, cl, KVA__REFUSE_PID_MISMATCH, "HELLO says pid %d, the socket "
-			      "says %d", m.hello.pid, (int)cred.pid);
-	if (!allowed(ag->cfg, cl->fd, cred.uid, cred.gid))
+			      "says %d", m.hello.pid, (int)cl->pid);
+	if (!allowed(ag->cfg, cl->fd, cl->uid, cl->gid))
 		return refuse(ag, cl, KVA__REFUSE_NOT_ALLOWED, "uid %u gid %u is not in the "
-			      "agent's allow policy", (unsigned)cred.uid, (unsigned)cred.gid);
+			      "agent's allow policy", (unsigned)cl->uid, (unsigned)cl->gid);
 	if (ag->stopping)
 		return refuse(ag, cl, KVA__REFUSE_STOPPING, "the agent is shutting down");
-	if (cl->observer)
-		return welcome(ag, cl, KVA__NO_SLOT, 0, true);
-
-	/* watch the process before it can hold anything */
-	cl->pidfd = pidfd_open(cred.pid, 0);
-	if (cl->pidfd < 0) {
-		log_warn("pidfd of pid %d: %s", (int)cred.pid, strerror(errno));
-		client_free(ag, cl);
-		return 0;
-	}
-	if ((ret = kva_arena_reserve_slot(ag->a, cred.pid, &cl->slot, &cl->gen)) < 0)
-		return refuse(ag, cl, ret == -EUSERS ? KVA__REFUSE_FULL : KVA__REFUSE_INTERNAL,
-			      "%s", kva_errmsg());
-	if (watch(ag, cl->pidfd, &cl->wpid) < 0) {
-		kva_arena_release_slot(ag->a, cl->slot, cl->gen);
-		return refuse(ag, cl, KVA__REFUSE_INTERNAL, "epoll: %s", strerror(errno));
-	}
-	return welcome(ag, cl, cl->slot, cl->gen, false);
+	if (observer)
+		return welcome(ag, cl, true);
+	if ((ret = slots_admit(ag, cl, why, sizeof(why))) < 0)
+		return refuse(ag, cl, ret == -EUSERS   ? KVA__REFUSE_FULL
+				      : ret == -EDQUOT ? KVA__REFUSE_LIMIT
+						       : KVA__REFUSE_INTERNAL, "%s", why);
+	return welcome(ag, cl, false);
 }
 
-/* ----------------------------------------------------- a worker's end */
-
-/* reclaim_slot - everything the dead worker of @cl's slot held comes back. */
-static bool reclaim_slot(struct agent *ag, struct client *cl)
-{
-	struct kva_reclaim_report r;
-	enum kva_slot_state state;
-	uint32_t gen;
-	int32_t pid;
-	int ret;
-
-	kva_arena_slot(ag->a, cl->slot, &state, &gen, &pid);
-	if (gen != cl->gen || (state != KVA_SLOT_JOINING && state != KVA_SLOT_LIVE &&
-			       state != KVA_SLOT_RECLAIMING))
-		return true; /* it left before it died: nothing of it is in the arena */
-	ret = kva_arena_reclaim(ag->a, cl->slot, &r);
-	if (ret == -ENOENT)
-		return true;
-	if (ret == -EBUSY) {
-		/* Another reclaimer (workers may reclaim) holds the slot's lease.
-		 * Once it moved the slot on, the slot is its to finish (and if it
-		 * dies, the periodic check takes its lease over); until then,
-		 * look again at the next tick. */
-		kva_arena_slot(ag->a, cl->slot, &state, &gen, NULL);
-		log_debug("slot %u (pid %d): %s", cl->slot, (int)cl->pid, kva_errmsg());
-		return gen != cl->gen || state == KVA_SLOT_FREE;
-	}
-	if (ret < 0) {
-		log_warn("reclaim of slot %u (pid %d): %s; will retry", cl->slot, (int)cl->pid,
-			 kva_errmsg());
-		return false;
-	}
-	ag->reclaimed++;
-	log_info("worker \"%s\" pid %d died holding slot %u: reclaimed %u blocks (its cache "
-		 "included) and its hold on %u shared blocks (%u freed) in %.3f ms", cl->name,
-		 (int)cl->pid, cl->slot, r.owned_freed, r.shared_dropped, r.shared_freed,
-		 (double)r.elapsed_ns / 1e6);
-	if (r.hints_repaired)
-		log_info("  %u free blocks made findable again", r.hints_repaired);
-	return true;
-}
-
-static void on_pidfd(struct agent *ag, struct client *cl)
-{
-	if (reclaim_slot(ag, cl)) {
-		client_free(ag, cl);
-		return;
-	}
-	/* The timer tries again. The pidfd stays readable for good: left in
-	 * epoll (level-triggered) it would wake us at once, again and again. */
-	if (!cl->reclaim_pending) {
-		epoll_ctl(ag->ep, EPOLL_CTL_DEL, cl->pidfd, NULL);
-		cl->reclaim_pending = true;
-	}
-}
-
-/* The connection ended (EOF, BYE, or an error): what did the worker leave? */
+/* The connection ended (EOF, BYE, or an error). */
 static int conn_ended(struct agent *ag, struct client *cl, const char *why)
 {
-	enum kva_slot_state state;
-	uint32_t gen;
-
-	unwatch(ag, &cl->fd);
-	if (!cl->admitted || cl->observer) {
-		if (why)
-			log_warn("connection of pid %d closed: %s", (int)cl->pid, why);
-		client_free(ag, cl);
-		return 0;
-	}
-	kva_arena_slot(ag->a, cl->slot, &state, &gen, NULL);
-	if (gen == cl->gen && state == KVA_SLOT_JOINING &&
-	    kva_arena_release_slot(ag->a, cl->slot, cl->gen) == 0) {
-		log_info("worker \"%s\" pid %d never adopted slot %u: taken back", cl->name,
-			 (int)cl->pid, cl->slot);
-		client_free(ag, cl);
-	} else if (gen != cl->gen || state == KVA_SLOT_FREE) {
-		log_info("worker \"%s\" pid %d left slot %u", cl->name, (int)cl->pid, cl->slot);
-		client_free(ag, cl);
-	} else {
-		/* still holding: it will be reclaimed when its process ends */
-		log_debug("worker \"%s\" pid %d closed its connection%s%s without leaving "
-			  "slot %u", cl->name, (int)cl->pid, why ? ": " : "", why ? why : "",
-			  cl->slot);
-	}
+	if (!cl->hello && why)
+		log_warn("connection of pid %d closed: %s", (int)cl->pid, why);
+	else if (why)
+		log_debug("worker \"%s\" pid %d: %s", cl->name, (int)cl->pid, why);
+	client_free(ag, cl);
 	return 0;
 }
 
@@ -450,22 +430,35 @@ static int on_conn(struct agent *ag, struct client *cl)
 
 	if (n == -ETIMEDOUT)
 		return 0;
+	if (n == -EPROTO && !cl->hello) /* too long, or with too many fds */
+		return refuse(ag, cl, KVA__REFUSE_PROTOCOL, "%s", kva_errmsg());
 	if (n < 0)
 		return conn_ended(ag, cl, n == -ECONNRESET ? NULL : kva_errmsg());
 	if (nfds) { /* nobody sends the agent fds */
 		while (nfds)
 			close(fds[--nfds]);
+		if (!cl->hello)
+			return refuse(ag, cl, KVA__REFUSE_PROTOCOL, "file descriptors sent with a "
+				      "HELLO");
 		log_warn("pid %d sent file descriptors: protocol error", (int)cl->pid);
 		return conn_ended(ag, cl, "protocol: unexpected file descriptors");
 	}
-	if (!cl->admitted)
-		return on_hello(ag, cl, buf, n, 0);
+	if (!cl->hello) {
+		cl->hello = true;
+		return on_hello(ag, cl, buf, n);
+	}
 	if (kva__msg_decode(buf, (size_t)n, 0, &m) < 0) {
 		log_warn("pid %d: %s", (int)cl->pid, kva_errmsg());
 		return conn_ended(ag, cl, kva_errmsg());
 	}
-	if (m.h.type == KVA__MSG_BYE)
+	if (m.h.type == KVA__MSG_BYE) {
+		cl->bye = true;
 		return conn_ended(ag, cl, NULL);
+	}
+	if (m.h.type == KVA__MSG_ADOPTED) {
+		slots_adopted(ag, cl);
+		return 0;
+	}
 	log_warn("pid %d sent %s after HELLO: protocol error", (int)cl->pid,
 		 kva__msg_type_name(m.h.type));
 	return conn_ended(ag, cl, "protocol: unexpected message");
@@ -473,68 +466,32 @@ static int on_conn(struct agent *ag, struct client *cl)
 
 /* ------------------------------------------------------------ the clock */
 
-static bool tracked(const struct agent *ag, uint32_t slot)
-{
-	for (unsigned k = 0; k < MAX_CLIENTS; k++) {
-		const struct client *cl = ag->clients[k];
-
-		if (cl && cl->admitted && !cl->observer && cl->slot == slot)
-			return true;
-	}
-	return false;
-}
-
-static void check_arena(struct agent *ag)
-{
-	struct kva_check_report r;
-
-	/* Slots held by no client of ours (a worker that joined on its own, a
-	 * pidfd lost): reclaim refuses any whose process is alive. */
-	for (uint32_t s = 0; s < kva_arena_info(ag->a)->max_workers; s++) {
-		enum kva_slot_state state;
-		struct kva_reclaim_report rr;
-
-		kva_arena_slot(ag->a, s, &state, NULL, NULL);
-		if ((state == KVA_SLOT_JOINING || state == KVA_SLOT_LIVE ||
-		     state == KVA_SLOT_RECLAIMING) && !tracked(ag, s) &&
-		    kva_arena_reclaim(ag->a, s, &rr) == 0) {
-			ag->reclaimed++;
-			log_info("slot %u (pid %d, \"%s\"), dead and unknown to the agent: "
-				 "reclaimed %u blocks, its hold on %u shared blocks", s, rr.pid,
-				 rr.name, rr.owned_freed, rr.shared_dropped);
-		}
-	}
-	if (kva_arena_check(ag->a, &r) == 0)
-		return;
-	/* a free block whose hint bit a free has not set yet is normal while
-	 * workers run, and so is a publication caught between its steps; the
-	 * rest are not */
-	if (r.bad_descriptors || r.stale_owners || r.dead_holders)
-		log_warn("arena check: %u corrupt descriptors, %u stale owners, %u dead holders "
-			 "(first: %s): skipped, not followed", r.bad_descriptors, r.stale_owners,
-			 r.dead_holders, r.first_problem);
-	else
-		log_debug("arena check: %u free blocks not yet findable, %u index entries and "
-			  "published count %s while workers run (first: %s)", r.hints_missing,
-			  r.index_bad, r.published_bad ? "off" : "right", r.first_problem);
-}
-
 static void on_timer(struct agent *ag)
 {
-	uint64_t ticks, now = now_ns();
+	uint64_t ticks, now = agent_now_ns();
+	uint64_t deadline = (uint64_t)ag->cfg->hello_timeout_ms * 1000000ull;
 
 	if (read(ag->tfd, &ticks, sizeof(ticks)) < 0)
 		return;
-	for (unsigned k = 0; k < MAX_CLIENTS; k++) { /* reclaims that failed before */
+	/* connections that did not say HELLO in time */
+	for (unsigned k = 0; k < ag->max_clients; k++) {
 		struct client *cl = ag->clients[k];
 
-		if (cl && cl->reclaim_pending)
-			on_pidfd(ag, cl);
+		if (cl && !cl->hello && now - cl->since_ns > deadline)
+			refuse(ag, cl, KVA__REFUSE_PROTOCOL, "no HELLO within %.1f s "
+			       "(--hello-timeout)", ag->cfg->hello_timeout_ms / 1000.0);
 	}
+	if (ag->listen_paused && now >= ag->listen_resume_ns && ag->lfd >= 0) {
+		ag->listen_paused = agent_watch(ag, ag->lfd, &ag->wlisten) < 0;
+		if (ag->spare_fd < 0)
+			ag->spare_fd = open("/dev/null", O_RDONLY | O_CLOEXEC);
+	}
+	slots_tick(ag);
+	agent_log_flush();
 	if (ag->cfg->check_interval_ms &&
 	    now - ag->last_check_ns >= (uint64_t)ag->cfg->check_interval_ms * 1000000ull) {
 		ag->last_check_ns = now;
-		check_arena(ag);
+		slots_check(ag);
 	}
 }
 
@@ -546,22 +503,26 @@ static void begin_shutdown(struct agent *ag, int sig)
 	unsigned n = 0;
 
 	ag->stopping = true;
-	ag->deadline_ns = now_ns() + (uint64_t)ag->cfg->shutdown_grace_ms * 1000000ull;
+	ag->deadline_ns = agent_now_ns() + (uint64_t)ag->cfg->shutdown_grace_ms * 1000000ull;
 	sd_notify(0, "STOPPING=1");
 	kva_arena_set_agent(ag->a, KVA_AGENT_STOPPING);
-	unwatch(ag, &ag->lfd);
+	slots_words_changed(ag);
+	if (!ag->listen_paused)
+		epoll_ctl(ag->ep, EPOLL_CTL_DEL, ag->lfd, NULL);
+	close(ag->lfd);
+	ag->lfd = -1;
 	unlink(ag->cfg->socket);
 	kva__msg_init(&m, KVA__MSG_SHUTDOWN);
 	m.shutdown.grace_ms = ag->cfg->shutdown_grace_ms;
-	for (unsigned k = 0; k < MAX_CLIENTS; k++) {
+	for (unsigned k = 0; k < ag->max_clients; k++) {
 		struct client *cl = ag->clients[k];
 
-		if (cl && cl->admitted && !cl->observer && cl->fd >= 0) {
+		if (cl && cl->admitted && cl->fd >= 0) {
 			kva__sock_send(cl->fd, &m, NULL, 0);
 			n++;
 		}
 	}
-	if (workers(ag))
+	if (slots_workers(ag))
 		log_info("%s: admitting no one, told %u workers to leave, waiting up to %.1f s",
 			 strsignal(sig), n, ag->cfg->shutdown_grace_ms / 1000.0);
 	else
@@ -584,9 +545,25 @@ static void on_signal(struct agent *ag)
 
 /* ------------------------------------------------------------ the loop */
 
+/* the soft descriptor limit up to the hard one: connections are descriptors */
+static void raise_nofile(void)
+{
+	struct rlimit rl;
+
+	if (getrlimit(RLIMIT_NOFILE, &rl) == 0 && rl.rlim_cur < rl.rlim_max) {
+		rlim_t was = rl.rlim_cur;
+
+		rl.rlim_cur = rl.rlim_max;
+		if (setrlimit(RLIMIT_NOFILE, &rl) == 0)
+			log_debug("descriptor limit raised from %llu to %llu",
+				  (unsigned long long)was, (unsigned long long)rl.rlim_max);
+	}
+}
+
 int agent_serve(const struct agent_config *c, struct kva_arena *a)
 {
-	struct agent ag = { .cfg = c, .a = a, .ep = -1, .lfd = -1, .sfd = -1, .tfd = -1 };
+	struct agent ag = { .cfg = c, .a = a, .ep = -1, .lfd = -1, .sfd = -1, .tfd = -1,
+			    .spare_fd = -1 };
 	struct itimerspec tick = { { 0, TICK_MS * 1000000L }, { 0, TICK_MS * 1000000L } };
 	sigset_t mask;
 	int ret;
@@ -596,25 +573,32 @@ int agent_serve(const struct agent_config *c, struct kva_arena *a)
 	sigaddset(&mask, SIGINT);
 	sigprocmask(SIG_BLOCK, &mask, NULL);
 	signal(SIGPIPE, SIG_IGN);
+	raise_nofile();
+	ag.max_clients = c->max_pending + KVA_MAX_WORKERS + 1;
+	ag.clients = calloc(ag.max_clients, sizeof(*ag.clients));
 	ag.ep = epoll_create1(EPOLL_CLOEXEC);
 	ag.sfd = signalfd(-1, &mask, SFD_CLOEXEC | SFD_NONBLOCK);
 	ag.tfd = timerfd_create(CLOCK_MONOTONIC, TFD_CLOEXEC | TFD_NONBLOCK);
-	if (ag.ep < 0 || ag.sfd < 0 || ag.tfd < 0 || timerfd_settime(ag.tfd, 0, &tick, NULL) < 0) {
+	ag.spare_fd = open("/dev/null", O_RDONLY | O_CLOEXEC);
+	if (!ag.clients || ag.ep < 0 || ag.sfd < 0 || ag.tfd < 0 ||
+	    timerfd_settime(ag.tfd, 0, &tick, NULL) < 0) {
 		ret = -errno;
 		log_err("setting up the event loop: %s", strerror(errno));
 		goto out;
 	}
 	if ((ret = listen_socket(c, &ag.lfd)) < 0)
 		goto out;
-	ag.wlisten = (struct watch){ W_LISTEN, NULL };
-	ag.wsignal = (struct watch){ W_SIGNAL, NULL };
-	ag.wtimer = (struct watch){ W_TIMER, NULL };
-	if ((ret = watch(&ag, ag.lfd, &ag.wlisten)) < 0 || (ret = watch(&ag, ag.sfd, &ag.wsignal)) < 0 ||
-	    (ret = watch(&ag, ag.tfd, &ag.wtimer)) < 0) {
+	ag.wlisten = (struct watch){ W_LISTEN, NULL, NULL };
+	ag.wsignal = (struct watch){ W_SIGNAL, NULL, NULL };
+	ag.wtimer = (struct watch){ W_TIMER, NULL, NULL };
+	if ((ret = agent_watch(&ag, ag.lfd, &ag.wlisten)) < 0 ||
+	    (ret = agent_watch(&ag, ag.sfd, &ag.wsignal)) < 0 ||
+	    (ret = agent_watch(&ag, ag.tfd, &ag.wtimer)) < 0) {
 		log_err("epoll: %s", strerror(-ret));
 		goto out;
 	}
 	kva_arena_set_agent(a, KVA_AGENT_RUNNING);
+	slots_init(&ag);
 	{
 		char ids[256] = "";
 		size_t off = 0;
@@ -627,10 +611,14 @@ int agent_serve(const struct agent_config *c, struct kva_arena *a)
 						(unsigned)c->allow_gid[k]);
 		log_info("listening on %s (mode %04o), allowing%s", c->socket,
 			 (unsigned)c->socket_mode, ids);
+		log_info("limits: %u worker slots per process, %u per user; %u connections may "
+			 "wait for their HELLO (%u per user), for %.1f s", c->max_slots_pid,
+			 c->max_slots_uid, c->max_pending, c->max_pending_uid,
+			 c->hello_timeout_ms / 1000.0);
 	}
 	sd_notifyf(0, "READY=1\nSTATUS=serving arena \"%s\" on %s", c->name, c->socket);
 
-	while (!ag.stopping || (workers(&ag) && now_ns() < ag.deadline_ns)) {
+	while (!ag.stopping || (slots_workers(&ag) && agent_now_ns() < ag.deadline_ns)) {
 		struct epoll_event ev[32];
 		int n = epoll_wait(ag.ep, ev, 32, TICK_MS);
 
@@ -645,7 +633,7 @@ int agent_serve(const struct agent_config *c, struct kva_arena *a)
 
 			switch (kind) {
 			case W_LISTEN:
-				if (ag.lfd >= 0)
+				if (ag.lfd >= 0 && !ag.listen_paused)
 					on_listen(&ag);
 				break;
 			case W_SIGNAL:
@@ -658,28 +646,31 @@ int agent_serve(const struct agent_config *c, struct kva_arena *a)
 				on_conn(&ag, w->c);
 				break;
 			case W_PIDFD:
-				on_pidfd(&ag, w->c);
+				slots_exited(&ag, w->e);
 				break;
 			}
-			/* A client event or the timer may have freed a client (and
-			 * @w with it): the rest of this batch may point into it.
-			 * Start over with a fresh batch; epoll is level-triggered,
-			 * so nothing pending is lost. */
-			if (kind == W_CONN || kind == W_PIDFD || kind == W_TIMER)
+			/* A client event, a process's end or the timer may have
+			 * freed a client or moved a watch: the rest of this batch
+			 * may point into it. Start over with a fresh batch; epoll is
+			 * level-triggered, so nothing pending is lost. */
+			if (kind != W_SIGNAL)
 				break;
 		}
 	}
-	if (workers(&ag))
+	if (slots_workers(&ag))
 		log_warn("%u workers still attached after the grace period; their mappings "
-			 "keep working, new allocations fail with -ESHUTDOWN", workers(&ag));
-	log_info("stopped: %llu workers admitted, %llu refused, %llu reclaimed",
+			 "keep working, new allocations fail with -ESHUTDOWN", slots_workers(&ag));
+	log_info("stopped: %llu workers admitted, %llu refused, %llu reclaimed, %llu repairs",
 		 (unsigned long long)ag.admitted, (unsigned long long)ag.refused,
-		 (unsigned long long)ag.reclaimed);
+		 (unsigned long long)ag.reclaimed, (unsigned long long)ag.repairs);
 	ret = 0;
 out:
-	for (unsigned k = 0; k < MAX_CLIENTS; k++)
-		if (ag.clients[k])
-			client_free(&ag, ag.clients[k]);
+	if (ag.clients)
+		for (unsigned k = 0; k < ag.max_clients; k++)
+			if (ag.clients[k])
+				client_free(&ag, ag.clients[k]);
+	if (ag.words)
+		slots_fini(&ag);
 	if (ag.lfd >= 0) {
 		close(ag.lfd);
 		unlink(c->socket);
@@ -690,5 +681,8 @@ out:
 		close(ag.sfd);
 	if (ag.tfd >= 0)
 		close(ag.tfd);
+	if (ag.spare_fd >= 0)
+		close(ag.spare_fd);
+	free(ag.clients);
 	return ret;
 }

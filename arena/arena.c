@@ -133,6 +133,8 @@ int kva_arena_create(const struct kva_geometry *g, const struct kva_arena_opts *
 	snprintf(h.name, sizeof(h.name), "%s", o->name ? o->name : "kvarena");
 
 	ret = kva__region_create("kvarena-meta", m.meta_bytes, false, &meta_fd, &meta_size);
+	if (ret == -EFBIG)
+		goto fail; /* kva_errmsg() says which limit */
 	if (ret < 0) {
 		kva__err(ret, "metadata memfd of %llu bytes: %s",
 			 (unsigned long long)m.meta_bytes, strerror(-ret));
@@ -145,11 +147,13 @@ int kva_arena_create(const struct kva_geometry *g, const struct kva_arena_opts *
 		huge = false;
 		ret = kva__region_create("kvarena-data", l.data_bytes, false, &data_fd, &data_size);
 	}
-	if (ret < 0) {
+	if (ret < 0 && ret != -EFBIG) {
 		kva__err(ret, "data memfd of %llu bytes: %s", (unsigned long long)l.data_bytes,
 			 strerror(-ret));
 		goto fail;
 	}
+	if (ret < 0)
+		goto fail;
 	h.flags = huge ? KVA__HDR_HUGETLB : 0;
 	h.checksum = kva__header_checksum(&h);
 
@@ -215,9 +219,11 @@ int kva_arena_open_flags(int meta_fd, int data_fd, unsigned flags, struct kva_ar
 	if ((ret = kva__region_size(data_fd, &data_size)) < 0)
 		return kva__err(ret, "data fd: not a memory file (%s)", strerror(-ret));
 	if (kva__region_seals_ok(meta_fd) < 0)
-		return kva__err(-EBADMSG, "metadata fd is not sealed against shrink and grow");
+		return kva__err(-EBADMSG, "metadata fd is not sealed against shrink, grow and "
+				"further seals");
 	if (kva__region_seals_ok(data_fd) < 0)
-		return kva__err(-EBADMSG, "data fd is not sealed against shrink and grow");
+		return kva__err(-EBADMSG, "data fd is not sealed against shrink, grow and further "
+				"seals");
 
 	a = calloc(1, sizeof(*a));
 	if (!a)
@@ -300,6 +306,33 @@ void kva_arena_close(struct kva_arena *a)
 	if (a->data_fd >= 0)
 		close(a->data_fd);
 	free(a);
+}
+
+/*
+ * kva__arena_prefault - every page of both regions in memory now, so that a
+ * shortage shows at start rather than as a worker's SIGBUS. Asks the kernel
+ * to fault them in (MADV_POPULATE_WRITE, which reports a failure instead of
+ * signalling it); older kernels get each page written.
+ */
+int kva__arena_prefault(struct kva_arena *a)
+{
+	struct { uint8_t *p; uint64_t n; } r[2] = {
+		{ a->meta, a->hdr.meta_bytes }, { a->data, a->data_map_bytes } };
+
+	if (a->readonly)
+		return -EROFS;
+	for (int k = 0; k < 2; k++) {
+#ifdef MADV_POPULATE_WRITE
+		if (madvise(r[k].p, r[k].n, MADV_POPULATE_WRITE) == 0)
+			continue;
+		if (errno != EINVAL)
+			return -errno;
+#endif
+		/* metadata pages are live shared words: add zero, atomically */
+		for (uint64_t off = 0; off < r[k].n; off += 4096)
+			__atomic_fetch_add((uint8_t *)r[k].p + off, 0, __ATOMIC_RELAXED);
+	}
+	return 0;
 }
 
 const struct kva_arena_info *kva_arena_info(const struct kva_arena *a)

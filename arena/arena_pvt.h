@@ -126,7 +126,27 @@ struct kva__pool {
 	 * had counted yet.
 	 */
 	alignas(64) _Atomic uint64_t pub[KVA_MAX_WORKERS];
+	/* A correction of that count, in the same modular sense: written by the
+	 * agent alone, when it finds the slots' words off by a steady amount (a
+	 * word overwritten), and counted in the sum. */
+	_Atomic uint64_t pub_fix;
+	/* What the agent reports (kva_arena_agent_report): written by the agent
+	 * alone, rewritten whole every tick from its private state (so an
+	 * overwrite lasts a tick), read by ops tools; nobody decides from it. */
+	alignas(64) struct kva__agent_view {
+		_Atomic uint64_t repairs;
+		_Atomic uint64_t last_repair[16];       /* 127 bytes and a NUL */
+		_Atomic uint64_t pending;               /* reclaims waiting to be retried */
+		_Atomic uint64_t slot[KVA_MAX_WORKERS][2]; /* kva__view_slot_word() */
+	} view;
 };
+
+/* a slot in the agent's view: state (8) | generation (24) | pid (32); then
+ * uid (32) | ms a reclaim has been pending (32) */
+static inline uint64_t kva__view_slot_word(uint32_t state, uint32_t gen, int32_t pid)
+{
+	return (uint64_t)(state & 0xff) << 56 | (uint64_t)(gen & 0xffffffull) << 32 | (uint32_t)pid;
+}
 
 /* the operation in flight in a pub[] word: 0 none, else block id + 1 of a
  * publication (its reservation counted), or with KVA__PUB_EVICT, of an
@@ -418,6 +438,7 @@ enum kva__crash_point {
 	KVA__CP_EVICT_TAKEN,      /* cached block taken, its index entry not yet removed */
 	KVA__CP_MATCH_LOOKED_UP,  /* index entry found, its block not yet joined */
 	KVA__CP_PUBLISH_COUNTED,  /* room for a publication counted, nothing indexed yet */
+	KVA__CP_RECLAIM_LEASED,   /* a reclaimer holds the slot's lease, nothing done yet */
 	KVA__CP_COUNT
 };
 #ifdef KVA_CRASH_POINTS
@@ -506,6 +527,38 @@ void kva__publish_done(struct kva_worker *w, bool published);
 uint64_t kva__pub_sum(struct kva_arena *a);
 uint32_t kva__pub_settled(struct kva_arena *a, uint32_t slot, uint32_t gen, uint64_t word);
 
+
+/* agentside.c: what the agent, which owns the arena, does to it. It alone
+ * calls these; it decides from its own table, never from shared memory. */
+int kva__slot_reserve_at(struct kva_arena *a, uint32_t slot, pid_t pid, uint32_t *gen);
+void kva__slot_restore(struct kva_arena *a, uint32_t slot, uint64_t word, uint64_t start);
+uint64_t kva__slot_start_of(pid_t pid, uint32_t gen);
+int kva__reclaim_life(struct kva_arena *a, uint32_t slot, uint32_t gen,
+		      struct kva_reclaim_report *r);
+/* The words only the agent writes, as it last wrote them. */
+struct kva__agent_words {
+	uint8_t header[KVA__HEADER_BYTES];
+	uint32_t agent_state, policy;
+	int32_t agent_pid;
+	uint64_t cache_limit, pub_fix;
+	uint32_t quota_kind[KVA_OWNER_KINDS];
+	uint32_t quota_tenant[KVA_MAX_TENANT_QUOTAS][2];
+};
+void kva__agent_words_save(struct kva_arena *a, struct kva__agent_words *w);
+unsigned kva__agent_words_repair(struct kva_arena *a, const struct kva__agent_words *w,
+				 char *what, size_t len);
+uint32_t kva__repair_hints(struct kva_arena *a);
+void kva__view_set_slot(struct kva_arena *a, uint32_t slot, uint32_t state, uint32_t gen,
+			int32_t pid, uint32_t uid, uint32_t pending_ms);
+void kva__view_set(struct kva_arena *a, uint64_t repairs, const char *last_repair,
+		   uint32_t pending);
+
+/* arena.c */
+int kva__arena_prefault(struct kva_arena *a);
+
+/* recover.c */
+int kva__reclaim_as(struct kva_arena *a, uint32_t slot, uint32_t gen, bool vouched,
+		    struct kva_reclaim_report *r);
 
 /* A slot whose worker may hold blocks. */
 static inline bool kva__slot_joined(uint64_t state)

@@ -104,7 +104,7 @@ static void pub_set(struct kva_worker *w, uint32_t count, uint32_t op)
  * operations in flight included: what the cache limit is held against. */
 uint64_t kva__pub_sum(struct kva_arena *a)
 {
-	uint32_t sum = 0;
+	uint32_t sum = (uint32_t)atomic_load_explicit(&a->pool->pub_fix, memory_order_relaxed);
 
 	for (uint32_t i = 0; i < a->max_workers; i++)
 		sum += kva__pub_count(atomic_load_explicit(&a->pool->pub[i], memory_order_relaxed));

@@ -60,8 +60,16 @@ static int lease_take(struct kva__slot *s, uint32_t slot)
  * take_slot - with the lease held: move @slot to RECLAIMING (generation
  * bumped) on behalf of this process, if its holder is gone. A slot already
  * RECLAIMING is a dead reclaimer's, whose lease we hold now.
+ *
+ * With @vouched, the caller (the agent) watched the process of life @gen
+ * exit (a pidfd): nothing about the holder is read from shared memory. The
+ * life is taken if the word still shows it (JOINING or LIVE at @gen, or
+ * RECLAIMING at @gen + 1), or shows it overwritten to FREE at @gen (a real
+ * end of a life leaves the next generation); any other word means the life
+ * ended and the slot moved on: -ESRCH, and the caller sweeps its stray tags.
  */
-static int take_slot(struct kva_arena *a, uint32_t slot, uint64_t *word)
+static int take_slot(struct kva_arena *a, uint32_t slot, bool vouched, uint32_t vgen,
+		     uint64_t *word)
 {
 	struct kva__slot *s = &a->slots[slot];
 	pid_t self = getpid();
@@ -69,23 +77,33 @@ static int take_slot(struct kva_arena *a, uint32_t slot, uint64_t *word)
 	for (;;) {
 		uint64_t cur = atomic_load_explicit(&s->state, memory_order_acquire), next;
 		int32_t pid = kva__slot_pid(cur);
-		uint32_t gen = kva__slot_gen(cur);
+		uint32_t gen = kva__slot_gen(cur), kind = kva__slot_kind(cur);
 
-		switch (kva__slot_kind(cur)) {
-		case KVA_SLOT_FREE:
-			return kva__err(-ENOENT, "reclaim: slot %u is not in use", slot);
-		case KVA_SLOT_RECLAIMING:
-			/* generation already bumped by the reclaimer that began */
-			next = kva__slot_word(KVA_SLOT_RECLAIMING, gen, self);
-			break;
-		default:
-			if (!kva__slot_holder_gone(cur, atomic_load_explicit(&s->start,
-									     memory_order_relaxed)))
-				return kva__err(-EBUSY, "reclaim: slot %u belongs to process %d, "
-						"which is alive", slot, pid);
-			/* from here on, tags of generation gen are stale */
-			next = kva__slot_word(KVA_SLOT_RECLAIMING, gen + 1, self);
-			break;
+		if (vouched) {
+			vgen &= KVA__S_GEN_MASK;
+			if (kind == KVA_SLOT_RECLAIMING && gen == ((vgen + 1) & KVA__S_GEN_MASK))
+				next = kva__slot_word(KVA_SLOT_RECLAIMING, gen, self);
+			else if (gen == vgen && (kind != KVA_SLOT_FREE || !pid))
+				next = kva__slot_word(KVA_SLOT_RECLAIMING, gen + 1, self);
+			else
+				return -ESRCH;
+		} else {
+			switch (kind) {
+			case KVA_SLOT_FREE:
+				return kva__err(-ENOENT, "reclaim: slot %u is not in use", slot);
+			case KVA_SLOT_RECLAIMING:
+				/* generation already bumped by the reclaimer that began */
+				next = kva__slot_word(KVA_SLOT_RECLAIMING, gen, self);
+				break;
+			default:
+				if (!kva__slot_holder_gone(cur, atomic_load_explicit(
+									&s->start, memory_order_relaxed)))
+					return kva__err(-EBUSY, "reclaim: slot %u belongs to process "
+							"%d, which is alive", slot, pid);
+				/* from here on, tags of generation gen are stale */
+				next = kva__slot_word(KVA_SLOT_RECLAIMING, gen + 1, self);
+				break;
+			}
 		}
 		/* A failed CAS: the slot moved (a reservation given back, a
 		 * joiner's claim): look again. */
@@ -95,7 +113,7 @@ static int take_slot(struct kva_arena *a, uint32_t slot, uint64_t *word)
 			/* The state word named the holder from its first instant;
 			 * owner_pid may be older if it died right after claiming.
 			 * Keep the holder's pid there for the report and ops tools. */
-			if (kva__slot_kind(cur) != KVA_SLOT_RECLAIMING)
+			if (kind != KVA_SLOT_RECLAIMING && !vouched)
 				atomic_store_explicit(&s->owner_pid, pid, memory_order_relaxed);
 			*word = next;
 			return 0;
@@ -140,12 +158,14 @@ static bool drop_dead_holder(struct kva_arena *a, uint32_t id, uint64_t bit, uin
  * (a random arena would mispredict most of them), then only the set bits
  * are visited.
  */
-static void sweep(struct kva_arena *a, uint32_t slot, uint32_t gen, struct kva_reclaim_report *r)
+static void sweep(struct kva_arena *a, uint32_t slot, uint32_t gen, bool holders,
+		  struct kva_reclaim_report *r)
 {
 	/* everything but the epoch: kind, flags, and the tag (slot, gen) */
 	const uint64_t tag_mask = ~(KVA__D_EPOCH_MASK << KVA__D_EPOCH_SHIFT);
 	const uint64_t tag_ours = kva__d_make(KVA__D_OWNED, 0, kva__owner_tag(slot, gen));
-	const uint64_t holder = 1ull << slot;
+	/* holder bits carry no generation: dropped only while the slot is ours */
+	const uint64_t holder = holders ? 1ull << slot : 0;
 
 	for (uint32_t i = 0; i < a->l0_words; i++) {
 		uint32_t base = i * 64, n = a->blocks - base < 64 ? a->blocks - base : 64;
@@ -156,7 +176,7 @@ static void sweep(struct kva_arena *a, uint32_t slot, uint32_t gen, struct kva_r
 
 			free_m |= (uint64_t)(d >> KVA__D_KIND_SHIFT == KVA__D_FREE) << b;
 			mine |= (uint64_t)((d & tag_mask) == tag_ours) << b;
-			held |= (uint64_t)(d >> KVA__D_KIND_SHIFT == KVA__D_SHARED && (d & holder)) << b;
+			held |= (uint64_t)(d >> KVA__D_KIND_SHIFT == KVA__D_SHARED && (d & holder) != 0) << b;
 		}
 		for (; mine; mine &= mine - 1) {
 			uint32_t id = base + (uint32_t)__builtin_ctzll(mine);
@@ -199,7 +219,15 @@ static void sweep(struct kva_arena *a, uint32_t slot, uint32_t gen, struct kva_r
 	}
 }
 
-int kva_arena_reclaim(struct kva_arena *a, uint32_t slot, struct kva_reclaim_report *r)
+/*
+ * kva__reclaim_as - kva_arena_reclaim(), or with @vouched the agent's reclaim
+ * of life @gen of @slot, whose process it watched exit. A vouched life that
+ * already ended (the slot moved on) leaves at most blocks still tagged with
+ * it, which are swept (its references are not: holder bits carry no
+ * generation, and may be the next life's); -ENOENT if there were none.
+ */
+int kva__reclaim_as(struct kva_arena *a, uint32_t slot, uint32_t gen, bool vouched,
+		    struct kva_reclaim_report *r)
 {
 	struct kva_reclaim_report local;
 	struct kva__slot *s;
@@ -219,9 +247,19 @@ int kva_arena_reclaim(struct kva_arena *a, uint32_t slot, struct kva_reclaim_rep
 	r->slot = slot;
 	if ((ret = lease_take(s, slot)) < 0)
 		return ret;
-	if ((ret = take_slot(a, slot, &word)) < 0)
+	KVA__CRASH_POINT(KVA__CP_RECLAIM_LEASED);
+	ret = take_slot(a, slot, vouched, gen, &word);
+	if (ret == -ESRCH) { /* vouched, and the life is over: its stray tags */
+		sweep(a, slot, gen & KVA__S_GEN_MASK, false, r);
+		ret = r->owned_freed ? 0 : kva__err(-ENOENT, "reclaim: life %u of slot %u is over",
+						    gen, slot);
+		r->elapsed_ns = now_ns() - t0;
 		goto out;
-	r->pid = (int32_t)atomic_load_explicit(&s->owner_pid, memory_order_relaxed);
+	}
+	if (ret < 0)
+		goto out;
+	if (!vouched)
+		r->pid = (int32_t)atomic_load_explicit(&s->owner_pid, memory_order_relaxed);
 	kva__slot_name(s, r->name);
 	dead_gen = (kva__slot_gen(word) - 1) & KVA__S_GEN_MASK;
 
@@ -234,7 +272,7 @@ int kva_arena_reclaim(struct kva_arena *a, uint32_t slot, struct kva_reclaim_rep
 										  memory_order_relaxed)),
 					    0),
 			      memory_order_relaxed);
-	sweep(a, slot, dead_gen, r);
+	sweep(a, slot, dead_gen, true, r);
 	/* died inside an index insert: its BUSY entries become tombstones */
 	if (atomic_load_explicit(&s->inserting, memory_order_relaxed))
 		kva__index_reclaim_busy(a, slot);
@@ -251,6 +289,11 @@ int kva_arena_reclaim(struct kva_arena *a, uint32_t slot, struct kva_reclaim_rep
 out:
 	pthread_mutex_unlock(&s->reclaim);
 	return ret;
+}
+
+int kva_arena_reclaim(struct kva_arena *a, uint32_t slot, struct kva_reclaim_report *r)
+{
+	return kva__reclaim_as(a, slot, 0, false, r);
 }
 
 /* What a slot table snapshot says, for kva_arena_check(). */
@@ -517,7 +560,7 @@ int kva_arena_check(struct kva_arena *a, struct kva_check_report *r)
 {
 	struct kva_check_report local;
 	struct slots_view v = { 0 };
-	uint32_t count = 0;
+	uint32_t count;
 
 	if (!r)
 		r = &local;
@@ -526,6 +569,7 @@ int kva_arena_check(struct kva_arena *a, struct kva_check_report *r)
 	if (!a)
 		return -EINVAL;
 	v.all = (1ull << a->max_workers) - 1; /* max_workers <= 48 */
+	count = (uint32_t)atomic_load_explicit(&a->pool->pub_fix, memory_order_relaxed);
 	for (uint32_t s = 0; s < a->max_workers; s++) {
 		uint64_t st = atomic_load_explicit(&a->slots[s].state, memory_order_acquire);
 		uint64_t pw = atomic_load_explicit(&a->pool->pub[s], memory_order_relaxed);

@@ -15,6 +15,7 @@
 #include <stdlib.h>
 #include <string.h>
 #include <sys/mman.h>
+#include <sys/resource.h>
 #include <sys/stat.h>
 #include <sys/syscall.h>
 #include <unistd.h>
@@ -44,10 +45,24 @@ int kva__region_create(const char *name, uint64_t bytes, bool hugetlb, int *fd_o
 		flags |= MFD_HUGETLB | MFD_HUGE_2MB;
 		size = (bytes + HUGE_2M - 1) & ~(HUGE_2M - 1);
 	}
+	/* A file size limit would kill the process with SIGXFSZ at the
+	 * ftruncate: say it instead. */
+	{
+		struct rlimit rl;
+
+		if (getrlimit(RLIMIT_FSIZE, &rl) == 0 && rl.rlim_cur != RLIM_INFINITY &&
+		    size > rl.rlim_cur)
+			return kva__err(-EFBIG, "a region of %llu bytes is over the file size limit "
+					"of %llu bytes (ulimit -f, RLIMIT_FSIZE)",
+					(unsigned long long)size, (unsigned long long)rl.rlim_cur);
+	}
 	fd = memfd_create(name, flags);
 	if (fd < 0)
 		return -errno;
-	if (ftruncate(fd, (off_t)size) < 0) {
+	/* A memfd is made with mode 0777, and anyone holding a read-only fd
+	 * could open it again read-write through /proc/self/fd: only the
+	 * creator's uid may open it at all (a worker gets an fd, not a path). */
+	if (fchmod(fd, 0600) < 0 || ftruncate(fd, (off_t)size) < 0) {
 		ret = -errno;
 		goto fail;
 	}
@@ -78,16 +93,19 @@ int kva__region_seal(int fd)
 }
 
 /*
- * kva__region_seals_ok - 0 if @fd can neither shrink nor grow: nobody holding it
- * can truncate the region under another process's mapping (SIGBUS there).
+ * kva__region_seals_ok - 0 if @fd can neither shrink nor grow, nor take more
+ * seals: nobody holding it can truncate the region under another process's
+ * mapping (SIGBUS there), or seal it against writable mappings (every later
+ * attach would fail).
  */
 int kva__region_seals_ok(int fd)
 {
+	const int need = F_SEAL_SHRINK | F_SEAL_GROW | F_SEAL_SEAL;
 	int seals = fcntl(fd, F_GET_SEALS);
 
 	if (seals < 0)
 		return -errno;
-	if ((seals & (F_SEAL_SHRINK | F_SEAL_GROW)) != (F_SEAL_SHRINK | F_SEAL_GROW))
+	if ((seals & need) != need)
 		return -EPERM;
 	return 0;
 }

@@ -230,6 +230,37 @@ int kva_arena_set_agent(struct kva_arena *a, enum kva_agent_state state);
 /* kva_arena_agent - the state the agent last announced, and its pid. */
 enum kva_agent_state kva_arena_agent(const struct kva_arena *a, int32_t *pid);
 
+/* A slot as the agent's own table has it (it decides from that table, never
+ * from the slot words workers can write). */
+enum kva_agent_slot_state {
+	KVA_AGENT_SLOT_FREE = 0,
+	KVA_AGENT_SLOT_RESERVED = 1,        /* for an admitted process, not adopted yet */
+	KVA_AGENT_SLOT_ATTACHED = 2,        /* an admitted worker */
+	KVA_AGENT_SLOT_JOINED = 3,          /* a worker that joined on its own, watched */
+	KVA_AGENT_SLOT_RECLAIM_PENDING = 4, /* its process exited; the reclaim is retried */
+};
+
+struct kva_agent_report {
+	uint64_t repairs;          /* words the agent found overwritten and put back */
+	char last_repair[128];     /* the last one, in a line ("" if none) */
+	uint32_t reclaims_pending; /* dead workers whose reclaim is being retried */
+	uint32_t max_workers;
+	struct kva_agent_slot {
+		uint32_t state;        /* enum kva_agent_slot_state */
+		uint32_t generation;
+		int32_t pid;
+		uint32_t uid;
+		uint32_t pending_ms;   /* how long its reclaim has been retried */
+	} slots[KVA_MAX_WORKERS];
+};
+
+/*
+ * kva_arena_agent_report - what the agent that owns @a reports: its slot
+ * table, repairs and pending reclaims, as it last wrote them (every 100 ms).
+ * All zero for an arena without an agent. Return: 0 or -EINVAL.
+ */
+int kva_arena_agent_report(const struct kva_arena *a, struct kva_agent_report *r);
+
 int kva_worker_slot(const struct kva_worker *w);        /* slot index, or -EINVAL */
 struct kva_arena *kva_worker_arena(const struct kva_worker *w);
 

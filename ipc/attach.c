@@ -141,6 +141,14 @@ int kva_attach(const char *socket_path, const char *name, struct kva_worker **ou
 	}
 	if ((ret = kva_worker_adopt(a, wel.slot, wel.generation, name, out)) < 0)
 		goto fail;
+	/* one way: the agent learns the slot is LIVE (it restores that word if
+	 * another worker overwrites it); no answer to wait for */
+	{
+		union kva__msg m;
+
+		kva__msg_init(&m, KVA__MSG_ADOPTED);
+		kva__sock_send(fd, &m, NULL, 0);
+	}
 	at->fd = fd;
 	at->arena = a;
 	(*out)->on_leave = attach_leave;

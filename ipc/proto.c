@@ -15,17 +15,18 @@ static const size_t msg_size[] = {
 	[KVA__MSG_REFUSE] = sizeof(struct kva__refuse),
 	[KVA__MSG_SHUTDOWN] = sizeof(struct kva__shutdown),
 	[KVA__MSG_BYE] = sizeof(struct kva__bye),
+	[KVA__MSG_ADOPTED] = sizeof(struct kva__adopted),
 };
 
 static const char *const type_name[] = {
 	[KVA__MSG_HELLO] = "HELLO",       [KVA__MSG_WELCOME] = "WELCOME",
 	[KVA__MSG_REFUSE] = "REFUSE",     [KVA__MSG_SHUTDOWN] = "SHUTDOWN",
-	[KVA__MSG_BYE] = "BYE",
+	[KVA__MSG_BYE] = "BYE",             [KVA__MSG_ADOPTED] = "ADOPTED",
 };
 
 const char *kva__msg_type_name(uint32_t type)
 {
-	return type && type <= KVA__MSG_BYE ? type_name[type] : "unknown";
+	return type && type <= KVA__MSG_ADOPTED ? type_name[type] : "unknown";
 }
 
 size_t kva__msg_init(union kva__msg *m, enum kva__msg_type type)
@@ -84,7 +85,7 @@ int kva__msg_decode(const void *buf, size_t len, int nfds, union kva__msg *out)
 		return BAD("length field says %u bytes, the message has %zu", h.length, len);
 	if (h.version != KVA__PROTO_VERSION)
 		return BAD("version %u, this side speaks %u", h.version, KVA__PROTO_VERSION);
-	if (h.type < KVA__MSG_HELLO || h.type > KVA__MSG_BYE)
+	if (h.type < KVA__MSG_HELLO || h.type > KVA__MSG_ADOPTED)
 		return BAD("unknown message type %u", h.type);
 	what = type_name[h.type];
 	if (len != msg_size[h.type])
@@ -127,7 +128,7 @@ int kva__msg_decode(const void *buf, size_t len, int nfds, union kva__msg *out)
 		if (m.shutdown.grace_ms > KVA__SHUTDOWN_MAX_MS || m.shutdown.reserved)
 			return BAD("SHUTDOWN with grace %u ms", m.shutdown.grace_ms);
 		break;
-	default: /* BYE: a header alone */
+	default: /* BYE, ADOPTED: a header alone */
 		break;
 	}
 	*out = m;
@@ -145,6 +146,7 @@ static const struct {
 	[KVA__REFUSE_PID_MISMATCH] = { -EPERM, "pid does not match the credentials" },
 	[KVA__REFUSE_STOPPING] = { -ESHUTDOWN, "agent shutting down" },
 	[KVA__REFUSE_INTERNAL] = { -EIO, "agent error" },
+	[KVA__REFUSE_LIMIT] = { -EDQUOT, "over a limit of the agent" },
 };
 
 int kva__refusal_errno(uint32_t reason)

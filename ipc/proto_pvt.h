@@ -12,6 +12,8 @@
  *                                <----   WELCOME (slot, generation, sizes)
  *                                        + metadata and data fds
  *                                <----   or REFUSE (reason, text); then close
+ *   ADOPTED                      ---->   the slot is adopted (LIVE): what the
+ *                                        agent restores if a worker overwrites it
  *   ... shared memory only ...
  *                                <----   SHUTDOWN (grace) when stopping
  *   BYE                          ---->   (or EOF) when leaving
@@ -45,6 +47,7 @@ enum kva__msg_type {
 	KVA__MSG_REFUSE = 3,
 	KVA__MSG_SHUTDOWN = 4,
 	KVA__MSG_BYE = 5,
+	KVA__MSG_ADOPTED = 6,
 };
 
 #define KVA__HELLO_OBSERVER 0x1u  /* read-only mapping, no slot */
@@ -77,7 +80,8 @@ enum kva__refusal {
 	KVA__REFUSE_PID_MISMATCH = 5, /* HELLO's pid is not the peer's */
 	KVA__REFUSE_STOPPING = 6,     /* the agent is shutting down */
 	KVA__REFUSE_INTERNAL = 7,     /* the agent failed (fds, memory) */
-	KVA__REFUSE_MAX = 7,
+	KVA__REFUSE_LIMIT = 8,        /* a limit per process, per user, or on connections */
+	KVA__REFUSE_MAX = 8,
 };
 
 struct kva__refuse {
@@ -97,6 +101,10 @@ struct kva__bye {
 	struct kva__msg_hdr h;
 };
 
+struct kva__adopted {
+	struct kva__msg_hdr h;
+};
+
 union kva__msg {
 	struct kva__msg_hdr h;
 	struct kva__hello hello;
@@ -104,6 +112,7 @@ union kva__msg {
 	struct kva__refuse refuse;
 	struct kva__shutdown shutdown;
 	struct kva__bye bye;
+	struct kva__adopted adopted;
 };
 
 /* proto.c */

@@ -175,7 +175,7 @@ static int copy_region(int src, size_t bytes, size_t size, bool seal)
 	}
 	free(buf);
 	if (seal)
-		assert_int_equal(fcntl(fd, F_ADD_SEALS, F_SEAL_SHRINK | F_SEAL_GROW), 0);
+		assert_int_equal(fcntl(fd, F_ADD_SEALS, F_SEAL_SHRINK | F_SEAL_GROW | F_SEAL_SEAL), 0);
 	return fd;
 }
 
@@ -198,6 +198,11 @@ static void test_wrong_files_are_refused(void **state)
 	fd = copy_region(f->meta_fd, meta, meta, false); /* not sealed */
 	assert_int_equal(kva_arena_open(fd, f->data_fd, &b), -EBADMSG);
 	assert_non_null(strstr(kva_errmsg(), "sealed"));
+	/* sealed against shrink and grow, but open to more seals: a holder could
+	 * seal it against writable mappings, and every later attach would fail */
+	assert_int_equal(fcntl(fd, F_ADD_SEALS, F_SEAL_SHRINK | F_SEAL_GROW), 0);
+	assert_int_equal(kva_arena_open(fd, f->data_fd, &b), -EBADMSG);
+	assert_non_null(strstr(kva_errmsg(), "further seals"));
 	close(fd);
 	fd = copy_region(f->meta_fd, 0, 0, true);         /* empty */
 	assert_int_equal(kva_arena_open(fd, f->data_fd, &b), -EBADMSG);

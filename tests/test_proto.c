@@ -49,6 +49,7 @@ static union kva__msg good(enum kva__msg_type t)
 		m.shutdown.grace_ms = 5000;
 		break;
 	case KVA__MSG_BYE:
+	case KVA__MSG_ADOPTED:
 		break;
 	}
 	return m;
@@ -72,7 +73,7 @@ static void refused(const union kva__msg *m, size_t len, int nfds, const char *w
 static void test_every_well_formed_message_decodes_to_itself(void **state)
 {
 	(void)state;
-	for (int t = KVA__MSG_HELLO; t <= KVA__MSG_BYE; t++) {
+	for (int t = KVA__MSG_HELLO; t <= KVA__MSG_ADOPTED; t++) {
 		union kva__msg m = good((enum kva__msg_type)t), out;
 
 		assert_int_equal(kva__msg_decode(&m, m.h.length, fds_for(t), &out), 0);
@@ -104,7 +105,7 @@ static void test_short_and_mislabelled_lengths_are_eproto(void **state)
 	refused(&m, m.h.length + 1, 0, "length field");
 	m = good(KVA__MSG_HELLO);
 	/* each type one byte short, and one byte long (the length field agreeing) */
-	for (int t = KVA__MSG_HELLO; t <= KVA__MSG_BYE; t++) {
+	for (int t = KVA__MSG_HELLO; t <= KVA__MSG_ADOPTED; t++) {
 		union kva__msg g = good((enum kva__msg_type)t);
 		size_t size = g.h.length;
 
@@ -119,7 +120,7 @@ static void test_short_and_mislabelled_lengths_are_eproto(void **state)
 
 static void test_version_and_type_are_checked(void **state)
 {
-	static const uint16_t types[] = { 0, 6, 77, 0xffff };
+	static const uint16_t types[] = { 0, 7, 77, 0xffff };
 	union kva__msg m = good(KVA__MSG_BYE);
 
 	(void)state;

@@ -384,6 +384,12 @@ void tu_work_drain(struct tu_work *t)
 
 int tu_agent_start(struct tu_agent *ag, const char *path, const char *const *args)
 {
+	return tu_agent_start_ex(ag, path, args, NULL, NULL);
+}
+
+int tu_agent_start_ex(struct tu_agent *ag, const char *path, const char *const *args,
+		      void (*pre_exec)(void *), void *arg)
+{
 	const char *argv[32] = { path, "--socket", ag->socket, "--log-level", "debug" };
 	unsigned n = 5;
 
@@ -406,6 +412,8 @@ int tu_agent_start(struct tu_agent *ag, const char *path, const char *const *arg
 
 		if (fd < 0 || dup2(fd, STDERR_FILENO) < 0)
 			_exit(126);
+		if (pre_exec)
+			pre_exec(arg);
 		execv(path, (char *const *)argv);
 		_exit(127);
 	}

@@ -103,6 +103,9 @@ struct tu_agent {
 /* Start @path with --socket and --log-level debug, then @args (NULL-ended);
  * returns once it answers observers (0), or -ETIMEDOUT/-ECHILD. */
 int tu_agent_start(struct tu_agent *ag, const char *path, const char *const *args);
+/* the same, calling @pre_exec(@arg) in the agent's process before exec (limits) */
+int tu_agent_start_ex(struct tu_agent *ag, const char *path, const char *const *args,
+		      void (*pre_exec)(void *), void *arg);
 /* Send @sig and wait up to @timeout_ms; *status is waitpid's. -ETIMEDOUT
  * (the agent is then killed). */
 int tu_agent_stop(struct tu_agent *ag, int sig, int timeout_ms, int *status);

@@ -171,6 +171,15 @@ static int parse_args(int argc, char **argv, struct opts *o)
 		fprintf(stderr, "kvarena-replay: --capacity-fraction: in (0, 1]\n");
 		return -EINVAL;
 	}
+	/* a trace block is 512 / block_tokens arena blocks, and an arena holds
+	 * KVA_MAX_BLOCKS: said here, before anything starts */
+	if (o->capacity_blocks > KVA_MAX_BLOCKS / (TRACE_BLOCK / o->block_tokens)) {
+		fprintf(stderr, "kvarena-replay: --capacity-blocks %llu: at most %u (an arena holds "
+			"%u blocks of %u tokens)\n", (unsigned long long)o->capacity_blocks,
+			KVA_MAX_BLOCKS / (TRACE_BLOCK / o->block_tokens), KVA_MAX_BLOCKS,
+			o->block_tokens);
+		return -EINVAL;
+	}
 	if (!o->conversation_requests || o->conversation_requests > 1000000) {
 		fprintf(stderr, "kvarena-replay: --requests: 1..1000000\n");
 		return -EINVAL;
@@ -422,6 +431,13 @@ int main(int argc, char **argv)
 	arena_blocks = cap * (TRACE_BLOCK / o.block_tokens) +
 		       o.workers * ((uint64_t)max_in * (TRACE_BLOCK / o.block_tokens) + 2 +
 				    (max_out + o.block_tokens - 1) / o.block_tokens);
+	if (arena_blocks > KVA_MAX_BLOCKS) {
+		fprintf(stderr, "kvarena-replay: --capacity-blocks %llu: the arena would need %llu "
+			"blocks, more than %u\n", (unsigned long long)cap,
+			(unsigned long long)arena_blocks, KVA_MAX_BLOCKS);
+		rp_trace_free(&t);
+		return 2;
+	}
 
 	/* the same trace at the same capacity, offline */
 	rp_sim(&t, RP_SIM_INFINITE, cap, &inf);
@@ -444,6 +460,8 @@ int main(int argc, char **argv)
 		if (agent < 0) {
 			fprintf(stderr, "kvarena-replay: starting %s: %s\n", o.agent,
 				strerror((int)-agent));
+			rmdir(dir);
+			rp_trace_free(&t);
 			return 1;
 		}
 		socket = sock;
