@@ -228,8 +228,10 @@ static int parse_seconds(const char *key, const char *v, uint32_t max_s, bool ze
 	return 0;
 }
 
-/* a comma-separated list of user (or group) names or numbers, none empty */
-static int parse_ids(const char *key, const char *v, bool group, uint32_t *ids, unsigned *n)
+/* a comma-separated list of user (or group) names or numbers, none empty,
+ * appended to @ids (@cap of them at most) */
+static int parse_ids(const char *key, const char *v, bool group, uint32_t *ids, unsigned *n,
+		     unsigned cap)
 {
 	char buf[512], *tok, *next;
 
@@ -244,8 +246,8 @@ static int parse_ids(const char *key, const char *v, bool group, uint32_t *ids, 
 		if (!*tok)
 			return bad(key, v, group ? "an empty group in the list" : "an empty user in the list");
 
-		if (*n == AGENT_MAX_IDS)
-			return bad(key, v, "too many ids");
+		if (*n == cap)
+			return bad(key, v, cap == 1 ? "one group, not a list" : "too many ids");
 		if (isdigit((unsigned char)*tok)) {
 			if (parse_u64(key, tok, 0, UINT32_MAX - 1, &id))
 				return -EINVAL;
@@ -291,7 +293,7 @@ static int set_option(struct agent_config *c, int opt, const char *key, const ch
 		uint32_t g[1];
 		unsigned n = 0;
 
-		if ((ret = parse_ids(key, v, true, g, &n)) == 0)
+		if ((ret = parse_ids(key, v, true, g, &n, 1)) == 0)
 			c->socket_group = g[0];
 		return ret;
 	}
@@ -346,9 +348,9 @@ static int set_option(struct agent_config *c, int opt, const char *key, const ch
 	case O_WORKER_CACHE:
 		return parse_u32(key, v, 0, 65536, &c->worker_cache);
 	case O_ALLOW_UID:
-		return parse_ids(key, v, false, c->allow_uid, &c->n_allow_uid);
+		return parse_ids(key, v, false, c->allow_uid, &c->n_allow_uid, AGENT_MAX_IDS);
 	case O_ALLOW_GID:
-		return parse_ids(key, v, true, c->allow_gid, &c->n_allow_gid);
+		return parse_ids(key, v, true, c->allow_gid, &c->n_allow_gid, AGENT_MAX_IDS);
 	case O_LOG_LEVEL:
 		if ((c->log_level = agent_log_level_parse(v)) < 0)
 			return bad(key, v, "error, warn, info or debug");
@@ -540,7 +542,7 @@ int agent_config_parse(int argc, char **argv, struct agent_config *c)
 			return ret;
 	}
 	opterr = 0;
-	optind = 1;
+	optind = 0; /* GNU getopt: 0 starts afresh (1 keeps state from an earlier argv) */
 	while ((opt = getopt_long(argc, argv, "", options, NULL)) != -1) {
 		const char *key = optind > 1 && optind <= argc ? argv[optind - 1] + 2 : "?";
 

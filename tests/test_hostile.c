@@ -647,6 +647,7 @@ static void test_careless_flags_and_config_are_refused_by_name(void **state)
 		{ "--hello-timeout 0", "more than 0" },
 		{ "--max-slots-per-pid 0", "--max-slots-per-pid" },
 		{ "--max-workers 8 --max-slots-per-uid 9", "more than the 8 worker slots" },
+		{ "--socket-group 0,1", "one group, not a list" }, /* found by fuzz_config */
 	};
 	char dir[] = "/tmp/kva-cfg-XXXXXX", path[128], flags[256], out[2048];
 	FILE *f;
