@@ -472,9 +472,11 @@ const char *kva_default_socket(void);
  * them: after this every arena call works without talking to the agent.
  * Return: 0; -ENOENT or -ECONNREFUSED (no agent there), -EACCES (refused by
  * the socket's mode or the agent's uid/gid policy), -EUSERS (no free slot),
- * -EPROTONOSUPPORT (another protocol version), -EPERM, -ESHUTDOWN (the agent
- * is stopping), -EPROTO (a malformed answer), -ETIMEDOUT. kva_errmsg() has
- * the agent's reason.
+ * -EDQUOT (over the agent's slots per process or per user, or too many
+ * connections waiting), -EPROTONOSUPPORT (another protocol version), -EPERM,
+ * -ESHUTDOWN (the agent is stopping), -EPROTO (a malformed answer, or a
+ * @name that is not printable UTF-8 of at most 31 bytes), -ETIMEDOUT.
+ * kva_errmsg() has the agent's reason.
  *
  * If the agent dies, the worker's mapping and everything in it keep working:
  * alloc, free, share, block data, stats, and leave. What stops: admission of

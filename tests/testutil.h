@@ -111,7 +111,7 @@ int tu_agent_start_ex(struct tu_agent *ag, const char *path, const char *const *
 int tu_agent_stop(struct tu_agent *ag, int sig, int timeout_ms, int *status);
 /* How many lines of the agent's log contain @needle. */
 unsigned tu_agent_log_count(const struct tu_agent *ag, const char *needle);
-/* Remove the agent's directory (its log included). */
+/* Remove the agent's directory (its log included; kept with TU_KEEP_LOGS set). */
 void tu_agent_cleanup(struct tu_agent *ag);
 /* Run @argv, its stdout into @out (NUL-terminated, at most @len - 1 bytes);
  * returns its exit status, or -1. */
