@@ -500,6 +500,7 @@ int kva__cache_resize(struct kva_worker *w, uint32_t cap);
 
 /* worker.c */
 void kva__slot_name(struct kva__slot *s, char out[32]);
+void kva__name_copy(char *out, size_t size, const char *name);
 void kva__slot_retire_counters(struct kva_arena *a, struct kva__slot *s);
 
 /* prefix.c */

@@ -10,11 +10,26 @@
 
 #include "arena_pvt.h"
 
+/*
+ * kva__name_copy - @name into @out (@size bytes, zero-padded), cut at a
+ * character: if the first byte that does not fit continues a UTF-8
+ * character, the cut goes back to before that character.
+ */
+void kva__name_copy(char *out, size_t size, const char *name)
+{
+	size_t n = strnlen(name, size - 1);
+
+	memset(out, 0, size);
+	memcpy(out, name, n);
+	while (name[n] && n > 0 && ((unsigned char)name[n] & 0xc0) == 0x80)
+		out[--n] = '\0';
+}
+
 static void slot_set_name(struct kva__slot *s, const char *name)
 {
-	char buf[sizeof(s->name)] = { 0 };
+	char buf[sizeof(s->name)];
 
-	snprintf(buf, sizeof(buf), "%s", name);
+	kva__name_copy(buf, sizeof(buf), name);
 	for (unsigned i = 0; i < 4; i++) {
 		uint64_t v;
 

@@ -50,7 +50,9 @@ static int hello(const char *path, const char *name, uint32_t flags, int *fd_out
 	kva__msg_init(&m, KVA__MSG_HELLO);
 	m.hello.pid = getpid();
 	m.hello.flags = flags;
-	kva__msg_str(m.hello.name, sizeof(m.hello.name), name ? name : "worker");
+	/* cut at a character: one cut inside a UTF-8 sequence would be refused
+	 * by the agent as not printable */
+	kva__name_copy(m.hello.name, sizeof(m.hello.name), name ? name : "worker");
 	if ((ret = kva__sock_send(fd, &m, NULL, 0)) < 0) {
 		kva__err(ret, "sending HELLO to %s: %s", path, strerror(-ret));
 		goto fail;

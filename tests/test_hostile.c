@@ -798,6 +798,20 @@ static void test_names_cannot_forge_log_lines(void **state)
 	close(fd);
 	assert_int_equal(kva_attach(ag.socket, "bad\nname", &w), -EPROTO);
 	assert_non_null(strstr(kva_errmsg(), "printable UTF-8"));
+	/* a long name is cut at a character, not inside one */
+	{
+		char name[41] = "";
+		struct kva_stats st;
+
+		for (int k = 0; k < 20; k++)
+			strcat(name, "\xc3\xa9"); /* é, two bytes */
+		if (kva_attach(ag.socket, name, &w))
+			fail_msg("a long UTF-8 name: %s", kva_errmsg());
+		a = kva_worker_arena(w);
+		kva_arena_stats(a, &st);
+		assert_int_equal(strlen(st.slots[kva_worker_slot(w)].name), 30);
+		kva_detach(w);
+	}
 	/* a slot name in shared memory, raw bytes, reaching the log when the
 	 * agent learns the slot */
 	child = tu_fork();
