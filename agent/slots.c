@@ -372,7 +372,9 @@ void slots_conn_ended(struct agent *ag, struct client *cl)
 	if (e->kind != SK_RESERVED && e->kind != SK_ATTACHED)
 		return;
 	w = shared_word(ag, e->slot);
-	if (w == kva__slot_word(KVA_SLOT_JOINING, e->gen, e->pid) &&
+	/* taken back only if the table too says it was never adopted: a word
+	 * written to look unadopted must not free a slot whose blocks are held */
+	if (e->kind == SK_RESERVED && w == kva__slot_word(KVA_SLOT_JOINING, e->gen, e->pid) &&
 	    kva_arena_release_slot(ag->a, e->slot, e->gen) == 0) {
 		log_info("worker \"%s\" pid %d never adopted slot %u: taken back", e->name,
 			 (int)e->pid, e->slot);

@@ -945,6 +945,67 @@ static void test_replay_flags_are_checked_before_anything_starts(void **state)
 	}
 }
 
+/* ------------------------------------------ separate arenas, separate tenants */
+
+/*
+ * Two agents as the template unit runs them (kvarena-agent@team-a and
+ * @team-b): each its own socket, name, allow-list and memory. A process of a
+ * user allowed in one is refused by the other; what one arena's workers hold
+ * is not in the other.
+ */
+static void test_separate_arenas_are_separate(void **state)
+{
+	static const char *const a_args[] = { "--name", "team-a", "--allow-uid", "0",
+					      "--socket-mode", "0666", "--blocks", "256", NULL };
+	/* team-b: nobody's, and root's (the operator, and this test's probe) */
+	static const char *const b_args[] = { "--name", "team-b", "--allow-uid", "65534,0",
+					      "--socket-mode", "0666", "--blocks", "256", NULL };
+	struct tu_agent ta, tb;
+	struct kva_worker *w;
+	struct kva_arena *oa, *ob;
+	struct kva_stats sa, sb;
+	uint32_t ids[100];
+	int status;
+	pid_t pid;
+
+	(void)state;
+	start(&ta, a_args);
+	start(&tb, b_args);
+	assert_int_equal(kva_attach(ta.socket, "a-worker", &w), 0);
+	assert_int_equal(kva_alloc(w, 100, ids), 0);
+	pid = tu_fork();
+	if (pid == 0) {
+		struct kva_worker *x;
+		uint32_t mine[10];
+
+		if (setgid(65534) || setuid(65534))
+			_exit(10);
+		if (kva_attach(ta.socket, "b-user-in-a", &x) != -EACCES)
+			_exit(11);
+		if (kva_attach(tb.socket, "b-worker", &x) || kva_alloc(x, 10, mine))
+			_exit(12);
+		kva_detach(x);
+		_exit(0);
+	}
+	assert_int_equal(waitpid(pid, &status, 0), pid);
+	assert_true(WIFEXITED(status));
+	assert_int_equal(WEXITSTATUS(status), 0);
+	oa = observe(&ta);
+	ob = observe(&tb);
+	assert_string_equal(kva_arena_info(oa)->name, "team-a");
+	assert_string_equal(kva_arena_info(ob)->name, "team-b");
+	kva_arena_stats(oa, &sa);
+	kva_arena_stats(ob, &sb);
+	assert_true(sa.owned_blocks >= 100);
+	assert_int_equal(sb.owned_blocks, 0);
+	assert_int_equal(sb.free_blocks, 256);
+	kva_arena_close(oa);
+	kva_arena_close(ob);
+	kva_detach(w);
+	stop_cleanly(&ta);
+	stop_cleanly(&tb);
+}
+
 /* ------------------------------------------------ everything at once */
 
 /* a process that floods the agent: silent connections, HELLO floods,
@@ -1146,6 +1207,7 @@ int main(int argc, char **argv)
 		cmocka_unit_test(test_names_cannot_forge_log_lines),
 		cmocka_unit_test(test_ctl_json_is_valid_whatever_shared_memory_says),
 		cmocka_unit_test(test_replay_flags_are_checked_before_anything_starts),
+		cmocka_unit_test(test_separate_arenas_are_separate),
 		cmocka_unit_test(test_everything_hostile_at_once),
 	};
 
