@@ -260,14 +260,15 @@ int slots_admit(struct agent *ag, struct client *cl, char *why, size_t len)
 	}
 	for (uint32_t s = 0; s < ag->n_slots; s++) {
 		struct slot_entry *e = &ag->slots[s];
+		uint64_t start;
 		uint32_t gen;
 
-		if (e->kind != SK_FREE || kva__slot_reserve_at(ag->a, s, cl->pid, &gen) < 0)
+		if (e->kind != SK_FREE || kva__slot_reserve_at(ag->a, s, cl->pid, &gen, &start) < 0)
 			continue; /* a worker joined it on its own: the tick learns it */
 		*e = (struct slot_entry){ .kind = SK_RESERVED, .slot = s, .gen = gen,
 					  .pid = cl->pid, .uid = cl->uid, .pidfd = -1, .cl = cl,
 					  .since_ns = agent_now_ns(), .last_kind = KVA_SLOT_JOINING,
-					  .start = kva__slot_start_of(cl->pid, gen) };
+					  .start = start };
 		snprintf(e->name, sizeof(e->name), "%s", cl->name);
 		/* watch the process before it can hold anything */
 		if ((ret = entry_watch(ag, e)) < 0) {
@@ -381,7 +382,14 @@ void slots_conn_ended(struct agent *ag, struct client *cl)
 		entry_clear(ag, e);
 	} else if (kva__slot_gen(w) != e->gen) {
 		log_info("worker \"%s\" pid %d left slot %u", e->name, (int)e->pid, e->slot);
-		depart(ag, e);
+		/* Said BYE: the worker itself says it left, having given all back
+		 * first (kva_worker_leave), and nothing is watched for. Without it
+		 * (the connection just closed), only the word says so: its process
+		 * is watched, and what is left of the life swept when it exits. */
+		if (cl->bye)
+			entry_clear(ag, e);
+		else
+			depart(ag, e);
 	} else {
 		/* still holding: reclaimed when its process ends */
 		log_debug("worker \"%s\" pid %d closed its connection without leaving slot %u",

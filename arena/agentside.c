@@ -19,10 +19,12 @@
 
 /*
  * kva__slot_reserve_at - FREE -> JOINING for @pid on @slot itself (one the
- * agent's table says is free), and the slot's start time for @pid. -EBUSY if
- * the word is not FREE: a worker joined on its own, or wrote there.
+ * agent's table says is free), and the slot's start time for @pid (in
+ * *@start too). -EBUSY if the word is not FREE: a worker joined on its own,
+ * or wrote there.
  */
-int kva__slot_reserve_at(struct kva_arena *a, uint32_t slot, pid_t pid, uint32_t *gen)
+int kva__slot_reserve_at(struct kva_arena *a, uint32_t slot, pid_t pid, uint32_t *gen,
+			 uint64_t *start)
 {
 	struct kva__slot *s;
 	uint64_t cur;
@@ -38,8 +40,8 @@ int kva__slot_reserve_at(struct kva_arena *a, uint32_t slot, pid_t pid, uint32_t
 		    memory_order_acquire, memory_order_relaxed))
 		return -EBUSY;
 	atomic_store_explicit(&s->owner_pid, pid, memory_order_relaxed);
-	atomic_store_explicit(&s->start, kva__slot_start_of(pid, kva__slot_gen(cur)),
-			      memory_order_relaxed);
+	*start = kva__slot_start_of(pid, kva__slot_gen(cur));
+	atomic_store_explicit(&s->start, *start, memory_order_relaxed);
 	*gen = kva__slot_gen(cur);
 	return 0;
 }

@@ -531,7 +531,8 @@ uint32_t kva__pub_settled(struct kva_arena *a, uint32_t slot, uint32_t gen, uint
 
 /* agentside.c: what the agent, which owns the arena, does to it. It alone
  * calls these; it decides from its own table, never from shared memory. */
-int kva__slot_reserve_at(struct kva_arena *a, uint32_t slot, pid_t pid, uint32_t *gen);
+int kva__slot_reserve_at(struct kva_arena *a, uint32_t slot, pid_t pid, uint32_t *gen,
+			 uint64_t *start);
 void kva__slot_restore(struct kva_arena *a, uint32_t slot, uint64_t word, uint64_t start);
 uint64_t kva__slot_start_of(pid_t pid, uint32_t gen);
 int kva__reclaim_life(struct kva_arena *a, uint32_t slot, uint32_t gen,
