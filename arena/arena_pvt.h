@@ -11,9 +11,9 @@
  *   desc_off    descriptors   blocks x 64-bit word: the truth of every block
  *   l0_off      free hints    one bit per block: "this block may be free"
  *   l1_off      summary       one bit per l0 word: "that word may have bits"
- *   idx_off     prefix index  idx_entries x struct kva__pentry (prefix.c)
+ *   idx_off     prefix index  idx_entries x struct kva__pentry (prefix/index.c)
  *   bmeta_off   block meta    blocks x struct kva__bmeta: eviction hints and
- *                             where the block's index entry is (evict.c)
+ *                             where the block's index entry is (prefix/evict.c)
  *
  * l0 and l1 are written by every worker (a claim clears, a free sets) and by
  * reclaimers, and read by claimers; a writer that dies half-way leaves at
@@ -91,7 +91,7 @@ struct kva__pool {
 	 */
 	_Atomic uint32_t agent_state;
 	_Atomic int32_t agent_pid;
-	/* Eviction (evict.c). policy: written by the arena's creator (the
+	/* Eviction (prefix/evict.c). policy: written by the arena's creator (the
 	 * agent), read on slow paths. hand: fetch_add by evictors, SWEEP ids
 	 * at a time. tick: fetch_add by each sequence's close. evictions:
 	 * fetch_add by each eviction: the age of ghosts. threshold (below):
@@ -113,7 +113,7 @@ struct kva__pool {
 	 * took the slot back, so that totals survive their workers. */
 	alignas(64) _Atomic uint64_t gone[8];
 	/*
-	 * The published-block count, one word per slot (kva__pub_*, evict.c):
+	 * The published-block count, one word per slot (kva__pub_*, prefix/evict.c):
 	 * bits 0..31 the slot's share of the count, modulo 2^32 (publications
 	 * and their reservations counted, minus evictions, over all of the
 	 * slot's lives: the sum over slots is the count, which is below 2^32,
@@ -188,7 +188,7 @@ struct kva__slot {
 	pthread_mutex_t reclaim;             /* the reclaim lease (recover.c) */
 	alignas(64) _Atomic uint64_t cached;
 	_Atomic uint64_t shares, refills, flushes;
-	/* Sequences (seq.c), written by the slot's worker alone (relaxed),
+	/* Sequences (prefix/seq.c), written by the slot's worker alone (relaxed),
 	 * summed by readers: counters (KVA__SC_*), blocks held by sequences by
 	 * owner kind and by tenant quota entry, and a count of index insertions
 	 * in flight (nonzero at death: reclaim looks for its BUSY entries). */
@@ -299,7 +299,7 @@ static inline uint64_t kva__d_next_free(uint64_t d)
 }
 
 /*
- * A prefix index entry (prefix.c). ctrl is the entry's state and the only word
+ * A prefix index entry (prefix/index.c). ctrl is the entry's state and the only word
  * whose value orders the others:
  *
  *   63..62  state   EMPTY (the whole word 0, never again once used), BUSY
@@ -309,7 +309,7 @@ static inline uint64_t kva__d_next_free(uint64_t d)
  *   47..36  epoch   the block's descriptor epoch when published
  *   32      ghost   TOMB of an evicted block whose key (and, in info, use
  *                   count and eviction number) is kept: the eviction
- *                   history the PREFIX policy reads (evict.c)
+ *                   history the PREFIX policy reads (prefix/evict.c)
  *   31..0   block   VALID: the block id; BUSY: the inserting slot
  *
  * key is written between BUSY and VALID (release); a reader that saw VALID
@@ -341,7 +341,7 @@ static inline uint64_t kva__p_make(uint32_t state, uint32_t tag, uint64_t epoch,
 }
 
 /*
- * Per-block meta. hint and entry are advisory (evict.c): written with relaxed
+ * Per-block meta. hint and entry are advisory (prefix/evict.c): written with relaxed
  * stores by whoever touches the block, read by evictors to rank candidates; a
  * torn or stale value costs a worse choice, never a wrong one. entry: the
  * index position + 1 of the block's entry (0: none), written by its
@@ -349,7 +349,7 @@ static inline uint64_t kva__p_make(uint32_t state, uint32_t tag, uint64_t epoch,
  *
  * key is not advisory: the key the block was published under, written by its
  * publisher while it holds the block alone, before the release store that
- * publishes it (seq.c). A matcher reads it after its acquire CAS has made it
+ * publishes it (prefix/seq.c). A matcher reads it after its acquire CAS has made it
  * a holder, when it can no longer change (a block leaves its life only once
  * nobody holds it), and attaches the block only if it is the key it looked
  * up. Epochs are 12 bits and come round; keys are 128.
@@ -402,8 +402,8 @@ struct kva_worker {
 	uint64_t holder_bit;       /* 1 << slot_id */
 	uint64_t slot_word;        /* our LIVE state word; changes only if reclaimed */
 	uint32_t cursor;           /* the block after our last claim */
-	uint32_t sweep_pos, sweep_left; /* evict.c: our share of the hand not yet seen */
-	uint64_t *ranks;           /* evict.c: ranks a threshold is computed from */
+	uint32_t sweep_pos, sweep_left; /* prefix/evict.c: our share of the hand not yet seen */
+	uint64_t *ranks;           /* prefix/evict.c: ranks a threshold is computed from */
 	uint32_t probe;            /* slow allocs until we try a refill under pressure */
 	uint64_t shares, refills, flushes;
 	/* set by kva_attach: what leaving must also undo (the agent connection,
@@ -503,31 +503,25 @@ void kva__slot_name(struct kva__slot *s, char out[32]);
 void kva__name_copy(char *out, size_t size, const char *name);
 void kva__slot_retire_counters(struct kva_arena *a, struct kva__slot *s);
 
-/* prefix.c */
-struct kva__found {
-	uint64_t pos;     /* entry index */
-	uint64_t ctrl;    /* its VALID word */
-};
-bool kva__index_lookup(struct kva_arena *a, const uint64_t key[2], struct kva__found *f,
-		       uint64_t *stale);
-int kva__index_insert(struct kva_worker *w, const uint64_t key[2], uint32_t block,
-		      uint64_t epoch, uint64_t info, uint64_t *pos, uint32_t *uses);
-bool kva__index_remove(struct kva_arena *a, uint64_t pos, uint32_t block, uint64_t epoch,
-		       uint32_t uses, uint64_t evseq);
-void kva__index_reclaim_busy(struct kva_arena *a, uint32_t slot);
-bool kva__index_retire(struct kva_arena *a, uint64_t pos, uint64_t c, const uint64_t key[2]);
-
-/* evict.c */
+/*
+ * The prefix room (prefix/: the index, eviction, sequences) as the core calls
+ * it: allocation under pressure evicts, reclaim settles what a dead worker
+ * left half-done there, and the check reads it. The room's own interface is
+ * prefix/prefix_pvt.h; the core knows nothing else of it, and nothing of the
+ * tiers (tiers/).
+ */
 uint32_t kva__evict(struct kva_worker *w, uint32_t want, uint32_t *ids);
-void kva__hint_touch(struct kva_arena *a, uint32_t id, uint64_t tick, bool hit);
-void kva__hint_publish(struct kva_arena *a, uint32_t id, const uint64_t key[2], uint64_t tick,
-		       uint32_t depth, uint32_t hits, uint64_t pos);
-bool kva__ghost_live(struct kva_arena *a, uint64_t info);
-bool kva__publish_room(struct kva_worker *w, uint32_t id);
-void kva__publish_done(struct kva_worker *w, bool published);
-uint64_t kva__pub_sum(struct kva_arena *a);
 uint32_t kva__pub_settled(struct kva_arena *a, uint32_t slot, uint32_t gen, uint64_t word);
-
+void kva__index_reclaim_busy(struct kva_arena *a, uint32_t slot);
+/* kva_arena_check's prefix half: every published block findable under its
+ * key, every VALID entry naming a published block */
+struct kva_check_report;
+void kva__prefix_check_block(struct kva_arena *a, uint32_t id, uint64_t d,
+			     struct kva_check_report *r);
+void kva__prefix_check_index(struct kva_arena *a, struct kva_check_report *r);
+/* recover.c: a problem found by the check, counted by the caller */
+void kva__check_problem(struct kva_check_report *r, int64_t block, const char *fmt, ...)
+	__attribute__((format(printf, 3, 4)));
 
 /* agentside.c: what the agent, which owns the arena, does to it. It alone
  * calls these; it decides from its own table, never from shared memory. */

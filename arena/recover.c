@@ -322,9 +322,7 @@ static void view_slot(struct kva_arena *a, struct slots_view *v, uint32_t s)
 static const char *const slot_kind_name[] = { "free", "joining", "live", "being reclaimed" };
 
 /* the first problem, in one line (the report's first_problem) */
-static void problem(struct kva_check_report *r, int64_t block, const char *fmt, ...)
-	__attribute__((format(printf, 3, 4)));
-static void problem(struct kva_check_report *r, int64_t block, const char *fmt, ...)
+void kva__check_problem(struct kva_check_report *r, int64_t block, const char *fmt, ...)
 {
 	va_list ap;
 
@@ -348,7 +346,7 @@ static bool check_one(struct kva_arena *a, uint32_t id, uint64_t d, const struct
 	    (kva__d_kind(d) == KVA__D_CACHED && (flags & KVA__D_PUB)) ||
 	    (kva__d_kind(d) == KVA__D_SHARED && (flags & KVA__D_REF) && !(flags & KVA__D_PUB))) {
 		r->bad_descriptors++;
-		problem(r, id, "block %u: descriptor %#llx has flags no state has", id,
+		kva__check_problem(r, id, "block %u: descriptor %#llx has flags no state has", id,
 			(unsigned long long)d);
 		return false;
 	}
@@ -359,7 +357,7 @@ static bool check_one(struct kva_arena *a, uint32_t id, uint64_t d, const struct
 		r->free_blocks++;
 		if (p) {
 			r->bad_descriptors++;
-			problem(r, id, "block %u: free, with a payload (%#llx)", id,
+			kva__check_problem(r, id, "block %u: free, with a payload (%#llx)", id,
 				(unsigned long long)p);
 			return false;
 		}
@@ -368,7 +366,7 @@ static bool check_one(struct kva_arena *a, uint32_t id, uint64_t d, const struct
 		    !(atomic_load_explicit(&a->l1[i / 64], memory_order_relaxed) &
 		      (1ull << (i % 64)))) {
 			r->hints_missing++;
-			problem(r, id, "block %u: free, but its hint bits are clear: allocators "
+			kva__check_problem(r, id, "block %u: free, but its hint bits are clear: allocators "
 				"cannot find it", id);
 			return false;
 		}
@@ -380,7 +378,7 @@ static bool check_one(struct kva_arena *a, uint32_t id, uint64_t d, const struct
 		r->owned_blocks++;
 		if ((p >> 32) || s >= a->max_workers) {
 			r->bad_descriptors++;
-			problem(r, id, "block %u: owned by slot %u, which does not exist", id, s);
+			kva__check_problem(r, id, "block %u: owned by slot %u, which does not exist", id, s);
 			return false;
 		}
 		/* a slot being reclaimed: its dead generation's blocks are the
@@ -390,7 +388,7 @@ static bool check_one(struct kva_arena *a, uint32_t id, uint64_t d, const struct
 			return true;
 		if (!(v->joined & (1ull << s)) || kva__tag_gen(p) != v->gen[s]) {
 			r->stale_owners++;
-			problem(r, id, "block %u: owned by slot %u generation %u, but slot %u is "
+			kva__check_problem(r, id, "block %u: owned by slot %u generation %u, but slot %u is "
 				"%s at generation %u", id, s, kva__tag_gen(p), s,
 				slot_kind_name[v->kind[s]], v->gen[s]);
 			return false;
@@ -403,7 +401,7 @@ static bool check_one(struct kva_arena *a, uint32_t id, uint64_t d, const struct
 		r->published_blocks += !!(d & KVA__D_PUB);
 		if (!p || (p & ~v->all)) {
 			r->bad_descriptors++;
-			problem(r, id, "block %u: shared by %s", id,
+			kva__check_problem(r, id, "block %u: shared by %s", id,
 				p ? "slots that do not exist" : "no slot");
 			return false;
 		}
@@ -412,7 +410,7 @@ static bool check_one(struct kva_arena *a, uint32_t id, uint64_t d, const struct
 			uint32_t s = (uint32_t)__builtin_ctzll(dead);
 
 			r->dead_holders += (uint32_t)__builtin_popcountll(dead);
-			problem(r, id, "block %u: held by slot %u, which is %s (generation %u)", id,
+			kva__check_problem(r, id, "block %u: held by slot %u, which is %s (generation %u)", id,
 				s, slot_kind_name[v->kind[s]], v->gen[s]);
 			return false;
 		}
@@ -422,7 +420,7 @@ static bool check_one(struct kva_arena *a, uint32_t id, uint64_t d, const struct
 		r->published_blocks++;
 		if (p) {
 			r->bad_descriptors++;
-			problem(r, id, "block %u: cached, with a payload (%#llx)", id,
+			kva__check_problem(r, id, "block %u: cached, with a payload (%#llx)", id,
 				(unsigned long long)p);
 			return false;
 		}
@@ -458,7 +456,7 @@ static void report_add(struct kva_check_report *r, const struct kva_check_report
 	r->dead_holders += x->dead_holders;
 	r->hints_missing += x->hints_missing;
 	if (x->first_problem[0])
-		problem(r, x->first_bad_block, "%s", x->first_problem);
+		kva__check_problem(r, x->first_bad_block, "%s", x->first_problem);
 }
 
 /*
@@ -483,77 +481,6 @@ static void check_block(struct kva_arena *a, uint32_t id, uint64_t *d, struct sl
 		view_named(a, v, *d);
 	}
 	report_add(r, &x);
-}
-
-/* entry @pos's key, read once (check runs over a quiet arena; a moving one
- * may show a mismatch that a second look does not) */
-static void entry_key(struct kva_arena *a, uint64_t pos, uint64_t k[2])
-{
-	k[0] = atomic_load_explicit(&a->idx[pos].key[0], memory_order_relaxed);
-	k[1] = atomic_load_explicit(&a->idx[pos].key[1], memory_order_relaxed);
-}
-
-static bool block_key_is(struct kva_arena *a, uint32_t b, const uint64_t k[2])
-{
-	return atomic_load_explicit(&a->bmeta[b].key[0], memory_order_relaxed) == k[0] &&
-	       atomic_load_explicit(&a->bmeta[b].key[1], memory_order_relaxed) == k[1];
-}
-
-/* a published block: its own entry names it, in this life, under its key */
-static void check_findable(struct kva_arena *a, uint32_t id, uint64_t d, struct kva_check_report *r)
-{
-	uint64_t pos = atomic_load_explicit(&a->bmeta[id].entry, memory_order_relaxed), c = 0, k[2];
-
-	if (pos && pos - 1 <= a->idx_mask)
-		c = atomic_load_explicit(&a->idx[pos - 1].ctrl, memory_order_relaxed);
-	if (kva__p_state(c) != KVA__P_VALID || kva__p_block(c) != id ||
-	    kva__p_epoch(c) != kva__d_epoch(d)) {
-		r->index_bad++;
-		problem(r, id, "block %u: %s, but no index entry names it", id,
-			kva__d_kind(d) == KVA__D_CACHED ? "cached" : "published");
-		return;
-	}
-	entry_key(a, pos - 1, k);
-	if (!block_key_is(a, id, k)) {
-		r->index_bad++;
-		problem(r, id, "block %u: its index entry %llu holds another key than the one "
-			"it was published under", id, (unsigned long long)(pos - 1));
-	}
-}
-
-/* every VALID entry: the block of its life is published, under its key */
-static void check_index(struct kva_arena *a, struct kva_check_report *r)
-{
-	for (uint64_t pos = 0; pos <= a->idx_mask; pos++) {
-		uint64_t c = atomic_load_explicit(&a->idx[pos].ctrl, memory_order_relaxed), d, k[2];
-		uint32_t b = kva__p_block(c);
-
-		if (kva__p_state(c) != KVA__P_VALID)
-			continue;
-		if (b >= a->blocks) {
-			r->index_bad++;
-			problem(r, -1, "index entry %llu: names block %u, past the arena's %u",
-				(unsigned long long)pos, b, a->blocks);
-			continue;
-		}
-		d = atomic_load_explicit(&a->desc[b], memory_order_relaxed);
-		if (kva__d_epoch(d) != kva__p_epoch(c))
-			continue; /* an older life's: stale, removed by whoever meets it */
-		if (kva__d_kind(d) != KVA__D_CACHED &&
-		    !(kva__d_kind(d) == KVA__D_SHARED && (d & KVA__D_PUB))) {
-			r->index_bad++;
-			problem(r, b, "index entry %llu: names block %u, which is %s in that life",
-				(unsigned long long)pos, b,
-				kva__d_kind(d) == KVA__D_FREE ? "free" : "not published");
-			continue;
-		}
-		entry_key(a, pos, k);
-		if (!block_key_is(a, b, k)) {
-			r->index_bad++;
-			problem(r, b, "index entry %llu: names block %u, published under another "
-				"key", (unsigned long long)pos, b);
-		}
-	}
 }
 
 int kva_arena_check(struct kva_arena *a, struct kva_check_report *r)
@@ -594,13 +521,13 @@ int kva_arena_check(struct kva_arena *a, struct kva_check_report *r)
 		check_block(a, id, &d, &v, r);
 		if (kva__d_kind(d) == KVA__D_CACHED ||
 		    (kva__d_kind(d) == KVA__D_SHARED && (d & KVA__D_PUB)))
-			check_findable(a, id, d, r);
+			kva__prefix_check_block(a, id, d, r);
 	}
-	check_index(a, r);
+	kva__prefix_check_index(a, r);
 	r->published_count = count;
 	if (r->published_count != r->published_blocks) {
 		r->published_bad = 1;
-		problem(r, -1, "the published count (the cache limit's) is %llu, but %u blocks "
+		kva__check_problem(r, -1, "the published count (the cache limit's) is %llu, but %u blocks "
 			"are published", (unsigned long long)r->published_count,
 			r->published_blocks);
 	}

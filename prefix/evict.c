@@ -7,7 +7,7 @@
  * which is also the linearization point against a matcher's CAS
  * CACHED -> SHARED: exactly one lands. Then the evictor removes the block's
  * index entry; if it dies first, the entry names an old epoch and whoever
- * meets it removes it (prefix.c).
+ * meets it removes it (index.c).
  *
  * Both policies sweep block ids with a shared hand (one fetch_add per 64
  * ids), so evictors in several processes spread over the arena and none
@@ -38,7 +38,7 @@
 #include <stdlib.h>
 #include <string.h>
 
-#include "arena_pvt.h"
+#include "prefix_pvt.h"
 
 #define SWEEP 64u   /* ids a hand step covers */
 
@@ -213,18 +213,6 @@ void kva__hint_touch(struct kva_arena *a, uint32_t id, uint64_t tick, bool hit)
 			      hint_make(tick > hint_tick(h) ? tick : hint_tick(h), hint_depth(h),
 					     hits),
 			      memory_order_relaxed);
-}
-
-/*
- * A ghost (evict.c's history in the index) is live for 2 x c evictions, c the
- * cache's capacity (its limit, else the arena): ARC's directory of 2c.
- */
-bool kva__ghost_live(struct kva_arena *a, uint64_t info)
-{
-	uint64_t now = atomic_load_explicit(&a->pool->evictions, memory_order_relaxed);
-	uint64_t c = atomic_load_explicit(&a->pool->cache_limit, memory_order_relaxed);
-
-	return now - (info >> 8) <= 2ull * (c && c < a->blocks ? c : a->blocks);
 }
 
 /* PREFIX's rank, lower evicted first: used twice or more above once, then

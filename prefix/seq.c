@@ -24,7 +24,7 @@
 #include <stdlib.h>
 #include <string.h>
 
-#include "arena_pvt.h"
+#include "prefix_pvt.h"
 
 struct kva_seq {
 	struct kva_worker *w;

@@ -1,6 +1,6 @@
 /* SPDX-License-Identifier: MIT */
 /*
- * prefix.c - the prefix index: 128-bit block keys to block ids, in shared
+ * index.c - the prefix index: 128-bit block keys to block ids, in shared
  * memory, lock-free, open addressing with linear probing.
  *
  * Keys are chained: a block's key is XXH3-128 of its parent's key, the salt
@@ -34,7 +34,7 @@
 #define XXH_STATIC_LINKING_ONLY /* XXH3_state_t on the stack */
 #include <xxhash.h>
 
-#include "arena_pvt.h"
+#include "prefix_pvt.h"
 
 void kva_prefix_salt(const char *model, const char *adapter, uint32_t tenant, uint64_t out[2])
 {
@@ -94,6 +94,18 @@ void kva_prefix_hash(const uint64_t parent[2], const uint64_t salt[2], const int
 	h = XXH3_128bits_digest(&st);
 	out[0] = h.low64;
 	out[1] = h.high64;
+}
+
+/*
+ * A ghost (eviction's history in the index, evict.c) is live for 2 x c evictions, c the
+ * cache's capacity (its limit, else the arena): ARC's directory of 2c.
+ */
+bool kva__ghost_live(struct kva_arena *a, uint64_t info)
+{
+	uint64_t now = atomic_load_explicit(&a->pool->evictions, memory_order_relaxed);
+	uint64_t c = atomic_load_explicit(&a->pool->cache_limit, memory_order_relaxed);
+
+	return now - (info >> 8) <= 2ull * (c && c < a->blocks ? c : a->blocks);
 }
 
 static inline uint32_t key_tag(const uint64_t key[2]) { return (uint32_t)(key[1] >> 50); }
