@@ -11,6 +11,7 @@
 #include <sys/types.h>
 
 #include "kvarena.h"
+#include "tiers.h"
 
 #define AGENT_MAX_IDS 16
 
@@ -45,7 +46,15 @@ struct agent_config {
 	uint32_t max_slots_uid;      /* worker slots one uid may hold */
 	bool allow_overcommit;       /* an arena larger than the memory there is */
 	bool prefault;               /* touch every page of the data region at start */
+	struct tier_config tiers;    /* the tiers below the arena (tiers/tiers.h) */
+	bool host_node_set;          /* --host-numa-node given (else --numa-node's) */
 };
+
+/* tiers on: a host tier, a disk tier, or both */
+static inline bool agent_tiers_on(const struct agent_config *c)
+{
+	return c->tiers.host_bytes || c->tiers.disk_dir[0];
+}
 
 /* config.c */
 
@@ -141,6 +150,10 @@ struct slot_entry {
 struct agent {
 	const struct agent_config *cfg;
 	struct kva_arena *a;
+	/* the agent's own worker (its tier thread works through it), in the
+	 * arena's last slot, and the tiers; NULL without tiers */
+	struct kva_worker *self;
+	struct tiers *tiers;
 	int ep, lfd, sfd, tfd, spare_fd;
 	struct client **clients;  /* [max_clients] */
 	unsigned max_clients;
@@ -183,7 +196,9 @@ void slots_words_changed(struct agent *ag);
 
 /* server.c */
 
-/* agent_serve - listen, admit, watch, reclaim, until SIGTERM/SIGINT. */
-int agent_serve(const struct agent_config *c, struct kva_arena *a);
+/* agent_serve - listen, admit, watch, reclaim, until SIGTERM/SIGINT. @self
+ * and @tiers: the agent's own worker and its tiers, or NULL. */
+int agent_serve(const struct agent_config *c, struct kva_arena *a, struct kva_worker *self,
+		struct tiers *tiers);
 
 #endif

@@ -27,8 +27,9 @@ enum opt {
 	O_NUMA_NODE, O_MAX_WORKERS, O_WORKER_CACHE, O_ALLOW_UID, O_ALLOW_GID, O_LOG_LEVEL,
 	O_SHUTDOWN_GRACE, O_CHECK_INTERVAL, O_EVICT_POLICY, O_QUOTA_INFERENCE, O_QUOTA_TRAINING,
 	O_QUOTA_PINNED, O_TENANT_QUOTA, O_CACHE_LIMIT, O_MAX_PENDING, O_MAX_PENDING_UID,
-	O_HELLO_TIMEOUT, O_MAX_SLOTS_PID, O_MAX_SLOTS_UID, O_ALLOW_OVERCOMMIT, O_PREFAULT, O_CONFIG,
-	O_HELP, O_VERSION,
+	O_HELLO_TIMEOUT, O_MAX_SLOTS_PID, O_MAX_SLOTS_UID, O_ALLOW_OVERCOMMIT, O_PREFAULT,
+	O_HOST_BYTES, O_HOST_NUMA_NODE, O_HOST_HUGEPAGES, O_DISK_DIR, O_DISK_BYTES, O_DISK_DIRECT,
+	O_DISK_QD, O_CONFIG, O_HELP, O_VERSION,
 };
 
 static const struct option options[] = {
@@ -67,6 +68,13 @@ static const struct option options[] = {
 	{ "max-slots-per-uid", required_argument, NULL, O_MAX_SLOTS_UID },
 	{ "allow-overcommit", no_argument, NULL, O_ALLOW_OVERCOMMIT },
 	{ "prefault", no_argument, NULL, O_PREFAULT },
+	{ "host-bytes", required_argument, NULL, O_HOST_BYTES },
+	{ "host-numa-node", required_argument, NULL, O_HOST_NUMA_NODE },
+	{ "host-hugepages", required_argument, NULL, O_HOST_HUGEPAGES },
+	{ "disk-dir", required_argument, NULL, O_DISK_DIR },
+	{ "disk-bytes", required_argument, NULL, O_DISK_BYTES },
+	{ "disk-direct", required_argument, NULL, O_DISK_DIRECT },
+	{ "disk-queue-depth", required_argument, NULL, O_DISK_QD },
 	{ "config", required_argument, NULL, O_CONFIG },
 	{ "help", no_argument, NULL, O_HELP },
 	{ "version", no_argument, NULL, O_VERSION },
@@ -127,14 +135,28 @@ static void usage(FILE *f)
 "  --allow-overcommit     start even if the arena is larger than the memory of the\n"
 "                         machine (or of --numa-node)\n"
 "  --prefault             touch every page of the arena at start, so that the\n"
-"                         memory is there (or start fails) before any worker\n"
+"                         memory is there (or start fails) before any worker\n",
+		KVA_DEFAULT_SOCKET, KVA_MAX_WORKERS, KVA_MAX_WORKERS, KVA_MAX_TENANT_QUOTAS);
+	fprintf(f,
+"\n"
+"Tiers below the arena: evicted prefix blocks go to host memory, then disk, and\n"
+"come back on a prefix hit (kva_seq_fetch_*). The agent takes one worker slot.\n"
+"  --host-bytes SIZE      the host DRAM tier (0: none; default none; K, M, G, T)\n"
+"  --host-numa-node N     bind it to NUMA node N (default: --numa-node's)\n"
+"  --host-hugepages B     true (default): on huge pages when the system has them\n"
+"  --disk-dir DIR         the NVMe tier: one file, DIR/kvarena-NAME.tier, kept\n"
+"                         across restarts (its records are found again)\n"
+"  --disk-bytes SIZE      its size, preallocated (default 1G with --disk-dir)\n"
+"  --disk-direct MODE     auto (default): O_DIRECT, or buffered I/O where the file\n"
+"                         system does not take it (said in the log and by\n"
+"                         kvarena-ctl tiers); require: refuse to start then; off\n"
+"  --disk-queue-depth N   io_uring queue depth, 8..4096 (default 64)\n"
 "  --config FILE          read these settings from FILE first: one \"key = value\"\n"
 "                         per line, keys as the flags without dashes, each once\n"
 "  --help, --version\n"
 "\n"
 "Signals: SIGTERM or SIGINT stop admitting, tell workers, wait --shutdown-grace,\n"
-"remove the socket and exit 0. With NOTIFY_SOCKET set it tells systemd READY=1.\n",
-		KVA_DEFAULT_SOCKET, KVA_MAX_WORKERS, KVA_MAX_WORKERS, KVA_MAX_TENANT_QUOTAS);
+"remove the socket and exit 0. With NOTIFY_SOCKET set it tells systemd READY=1.\n");
 }
 
 static int bad(const char *key, const char *value, const char *why)
@@ -378,6 +400,44 @@ static int set_option(struct agent_config *c, int opt, const char *key, const ch
 		*flag = !v || !strcmp(v, "true");
 		return 0;
 	}
+	case O_HOST_BYTES:
+		if (!strcmp(v, "0")) {
+			c->tiers.host_bytes = 0;
+			return 0;
+		}
+		return parse_size(key, v, &c->tiers.host_bytes);
+	case O_HOST_NUMA_NODE:
+		if ((ret = parse_u64(key, v, 0, 1023, &x)) == 0) {
+			c->tiers.host_node = (int32_t)x;
+			c->host_node_set = true;
+		}
+		return ret;
+	case O_HOST_HUGEPAGES:
+		if (strcmp(v, "true") && strcmp(v, "false"))
+			return bad(key, v, "true or false");
+		c->tiers.host_hugepages = !strcmp(v, "true");
+		return 0;
+	case O_DISK_DIR:
+		if (!*v || strlen(v) >= sizeof(c->tiers.disk_dir) - 48)
+			return bad(key, v, "empty, or too long a path");
+		if (!text_printable(v, sizeof(c->tiers.disk_dir) - 1))
+			return bad(key, v, "not printable");
+		snprintf(c->tiers.disk_dir, sizeof(c->tiers.disk_dir), "%s", v);
+		return 0;
+	case O_DISK_BYTES:
+		return parse_size(key, v, &c->tiers.disk_bytes);
+	case O_DISK_DIRECT:
+		if (!strcmp(v, "auto"))
+			c->tiers.direct = TIER_DIRECT_AUTO;
+		else if (!strcmp(v, "require"))
+			c->tiers.direct = TIER_DIRECT_REQUIRE;
+		else if (!strcmp(v, "off"))
+			c->tiers.direct = TIER_DIRECT_OFF;
+		else
+			return bad(key, v, "auto, require or off");
+		return 0;
+	case O_DISK_QD:
+		return parse_u32(key, v, 8, 4096, &c->tiers.queue_depth);
 	case O_EVICT_POLICY:
 		if (kva_evict_policy_parse(v, &c->evict_policy) < 0)
 			return bad(key, v, "prefix or clock");
@@ -527,6 +587,7 @@ int agent_config_parse(int argc, char **argv, struct agent_config *c)
 		.log_level = LOG_INFO,
 		.shutdown_grace_ms = 5000,
 		.check_interval_ms = 1000,
+		.tiers = { .host_node = -1, .host_hugepages = true, .queue_depth = 64 },
 	};
 	snprintf(c->socket, sizeof(c->socket), "%s", kva_default_socket());
 
@@ -573,6 +634,19 @@ int agent_config_parse(int argc, char **argv, struct agent_config *c)
 	}
 	if (!c->n_allow_uid && !c->n_allow_gid)
 		c->allow_uid[c->n_allow_uid++] = geteuid();
+	if (c->tiers.disk_bytes && !c->tiers.disk_dir[0]) {
+		fprintf(stderr, "kvarena-agent: --disk-bytes without --disk-dir: where?\n");
+		return -EINVAL;
+	}
+	if (c->tiers.disk_dir[0] && !c->tiers.disk_bytes)
+		c->tiers.disk_bytes = 1ull << 30;
+	if (!c->host_node_set)
+		c->tiers.host_node = c->numa_node;
+	if (agent_tiers_on(c) && c->max_workers < 2) {
+		fprintf(stderr, "kvarena-agent: the tiers take one worker slot for the agent: "
+			"--max-workers 2 at least\n");
+		return -EINVAL;
+	}
 	agent_config_limits(c);
 	if (c->max_slots_pid > c->max_workers || c->max_slots_uid > c->max_workers) {
 		fprintf(stderr, "kvarena-agent: --max-slots-per-pid %u / --max-slots-per-uid %u: "

@@ -60,8 +60,8 @@ static int fits_memory(const struct agent_config *c)
 		log_err("geometry: %s", kva_errmsg());
 		return -EINVAL;
 	}
-	kva__meta_layout(c->blocks, c->max_workers, &m);
-	need = l.data_bytes + m.meta_bytes;
+	kva__meta_layout(c->blocks, c->max_workers, tiers_keys(&c->tiers, l.block_bytes), &m);
+	need = l.data_bytes + m.meta_bytes + c->tiers.host_bytes;
 	have = (uint64_t)sysconf(_SC_PHYS_PAGES) * (uint64_t)sysconf(_SC_PAGESIZE);
 	if (c->numa_node >= 0 && numa_available() >= 0) {
 		long long node_bytes = numa_node_size64(c->numa_node, NULL);
@@ -74,11 +74,47 @@ static int fits_memory(const struct agent_config *c)
 	}
 	if (need <= have || c->allow_overcommit)
 		return 0;
-	log_err("the arena needs %.1f GiB (%.1f GiB of blocks, %.1f GiB of metadata), %s has "
-		"%.1f GiB of memory: a smaller --memory or --blocks, or --allow-overcommit",
-		(double)need / (1ull << 30), (double)l.data_bytes / (1ull << 30),
-		(double)m.meta_bytes / (1ull << 30), where, (double)have / (1ull << 30));
+	log_err("the arena needs %.1f GiB (%.1f GiB of blocks, %.1f GiB of metadata, %.1f GiB "
+		"of host tier), %s has %.1f GiB of memory: a smaller --memory, --blocks or "
+		"--host-bytes, or --allow-overcommit", (double)need / (1ull << 30),
+		(double)l.data_bytes / (1ull << 30), (double)m.meta_bytes / (1ull << 30),
+		(double)c->tiers.host_bytes / (1ull << 30), where, (double)have / (1ull << 30));
 	return -ENOMEM;
+}
+
+static void tiers_log(int level, const char *msg)
+{
+	agent_log(level, "%s", msg);
+}
+
+/*
+ * The agent's own worker, in the arena's last slot: the tier thread holds
+ * blocks through it while it copies them. No cache: a block it frees goes
+ * back to the pool at once.
+ */
+static int start_tiers(const struct agent_config *c, struct kva_arena *a,
+		       struct kva_worker **self, struct tiers **t)
+{
+	const struct kva_arena_info *info = kva_arena_info(a);
+	uint32_t slot = info->max_workers - 1, gen;
+	uint64_t start;
+	char err[512];
+	int ret;
+
+	if ((ret = kva__slot_reserve_at(a, slot, getpid(), &gen, &start)) < 0 ||
+	    (ret = kva_worker_adopt(a, slot, gen, "agent (tiers)", self)) < 0) {
+		log_err("the agent's own worker slot %u: %s", slot, kva_errmsg());
+		return ret;
+	}
+	kva_worker_set_cache(*self, 0);
+	tiers_set_log(tiers_log);
+	if ((ret = tiers_start(&c->tiers, a, *self, t, err, sizeof(err))) < 0) {
+		log_err("%s", err);
+		kva_worker_leave(*self);
+		*self = NULL;
+		return ret;
+	}
+	return 0;
 }
 
 int main(int argc, char **argv)
@@ -87,6 +123,9 @@ int main(int argc, char **argv)
 	struct kva_arena_opts o;
 	struct kva_arena *a;
 	const struct kva_arena_info *info;
+	struct kva_worker *self = NULL;
+	struct tiers *tiers = NULL;
+	struct kva_block_layout bl;
 	int ret = agent_config_parse(argc, argv, &c);
 
 	if (ret)
@@ -103,6 +142,8 @@ int main(int argc, char **argv)
 		.cache_blocks = c.worker_cache, .numa_node = c.numa_node, .name = c.name,
 		.flags = c.hugepages ? KVA_ARENA_HUGETLB : 0,
 	};
+	if (agent_tiers_on(&c) && kva_geometry_layout(&c.geometry, 1, &bl) == 0)
+		o.tier_keys = tiers_keys(&c.tiers, bl.block_bytes);
 	if ((ret = kva_arena_create(&c.geometry, &o, &a)) < 0) {
 		log_err("creating the arena: %s", kva_errmsg());
 		return 1;
@@ -141,7 +182,38 @@ int main(int argc, char **argv)
 	if (!info->cache_blocks && !c.worker_cache)
 		log_info("no worker caches: %u blocks are too few for one (1/64 of the arena, 8 "
 			 "at least); every allocation goes to the shared pool", info->blocks);
-	ret = agent_serve(&c, a);
+	if (agent_tiers_on(&c)) {
+		if (start_tiers(&c, a, &self, &tiers) < 0) {
+			kva_arena_close(a);
+			return 1;
+		}
+		{
+			struct kva_tiers_stats ts;
+			const struct kva_tier_stats *h = &ts.tier[KVA_TIER_HOST],
+						    *d = &ts.tier[KVA_TIER_DISK];
+
+			kva_arena_tier_stats(a, &ts);
+			log_info("host tier: %llu records of %llu KiB (%.1f MiB)%s%s; worker slot %u "
+				 "is the agent's", (unsigned long long)h->capacity_records,
+				 (unsigned long long)h->record_bytes / 1024,
+				 (double)(h->capacity_records * h->record_bytes) / (1 << 20),
+				 h->hugetlb ? " on huge pages" : "",
+				 c.tiers.host_bytes ? "" : " (the disk tier's staging)",
+				 info->max_workers - 1);
+			if (d->enabled)
+				log_info("disk tier: %s, %llu records (%.1f MiB), %s I/O%s, queue depth "
+					 "%u%s", d->path, (unsigned long long)d->capacity_records,
+					 (double)(d->capacity_records * d->record_bytes) / (1 << 20),
+					 d->direct ? "O_DIRECT" : "buffered",
+					 d->preallocated ? ", preallocated" : ", sparse",
+					 d->queue_depth,
+					 d->warming ? "; records of an earlier run being scanned" : "");
+		}
+	}
+	ret = agent_serve(&c, a, self, tiers);
+	tiers_stop(tiers);
+	if (self)
+		kva_worker_leave(self);
 	kva_arena_close(a);
 	return ret < 0 ? 1 : 0;
 }

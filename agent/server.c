@@ -329,7 +329,9 @@ static int reopen_ro(int fd)
 static int welcome(struct agent *ag, struct client *cl, bool ro)
 {
 	const struct kva_arena_info *info = kva_arena_info(ag->a);
-	int fds[2] = { kva_arena_meta_fd(ag->a), kva_arena_data_fd(ag->a) }, ret;
+	int fds[3] = { kva_arena_meta_fd(ag->a), kva_arena_data_fd(ag->a),
+		       tiers_doorbell(ag->tiers) }, ret;
+	int nfds = !ro && fds[2] >= 0 ? 3 : 2;
 	struct slot_entry *e = ro ? NULL : &ag->slots[cl->slot];
 	union kva__msg m;
 
@@ -337,7 +339,7 @@ static int welcome(struct agent *ag, struct client *cl, bool ro)
 	m.welcome.slot = ro ? KVA__NO_SLOT : cl->slot;
 	m.welcome.generation = ro ? 0 : e->gen;
 	m.welcome.agent_pid = getpid();
-	m.welcome.flags = ro ? KVA__WELCOME_READONLY : 0;
+	m.welcome.flags = ro ? KVA__WELCOME_READONLY : nfds == 3 ? KVA__WELCOME_DOORBELL : 0;
 	m.welcome.meta_bytes = info->meta_bytes;
 	m.welcome.data_bytes = info->layout.data_bytes;
 	kva__msg_str(m.welcome.arena, sizeof(m.welcome.arena), info->name);
@@ -345,7 +347,7 @@ static int welcome(struct agent *ag, struct client *cl, bool ro)
 		fds[0] = reopen_ro(fds[0]);
 		fds[1] = reopen_ro(fds[1]);
 	}
-	ret = fds[0] < 0 || fds[1] < 0 ? -errno : kva__sock_send(cl->fd, &m, fds, 2);
+	ret = fds[0] < 0 || fds[1] < 0 ? -errno : kva__sock_send(cl->fd, &m, fds, nfds);
 	if (ro) {
 		if (fds[0] >= 0)
 			close(fds[0]);
@@ -560,10 +562,11 @@ static void raise_nofile(void)
 	}
 }
 
-int agent_serve(const struct agent_config *c, struct kva_arena *a)
+int agent_serve(const struct agent_config *c, struct kva_arena *a, struct kva_worker *self,
+		struct tiers *tiers)
 {
-	struct agent ag = { .cfg = c, .a = a, .ep = -1, .lfd = -1, .sfd = -1, .tfd = -1,
-			    .spare_fd = -1 };
+	struct agent ag = { .cfg = c, .a = a, .self = self, .tiers = tiers, .ep = -1, .lfd = -1,
+			    .sfd = -1, .tfd = -1, .spare_fd = -1 };
 	struct itimerspec tick = { { 0, TICK_MS * 1000000L }, { 0, TICK_MS * 1000000L } };
 	sigset_t mask;
 	int ret;

@@ -193,7 +193,8 @@ static bool known_lineage(struct agent *ag, pid_t pid)
 
 void slots_init(struct agent *ag)
 {
-	ag->n_slots = kva_arena_info(ag->a)->max_workers;
+	/* with tiers, the last slot is the agent's own (main.c) */
+	ag->n_slots = kva_arena_info(ag->a)->max_workers - (ag->self ? 1 : 0);
 	for (uint32_t s = 0; s < KVA_MAX_WORKERS; s++)
 		ag->slots[s] = (struct slot_entry){ .kind = SK_FREE, .slot = s, .pidfd = -1,
 						    .w = { W_PIDFD, NULL, &ag->slots[s] } };
@@ -526,6 +527,21 @@ void slots_tick(struct agent *ag)
 	for (unsigned k = 0; k < MAX_DEPARTED; k++)
 		if (departed[k].pid && departed[k].pidfd < 0 && now >= departed[k].retry_ns)
 			try_reclaim(ag, &departed[k]);
+	if (ag->self) {
+		/* our own slot: LIVE, ours; a worker that overwrote it would make
+		 * the tier thread's frees fail until it is back */
+		uint32_t s = kva_worker_slot(ag->self);
+		uint64_t want = ag->self->slot_word, w = shared_word(ag, s);
+
+		if (w != want) {
+			kva__slot_restore(ag->a, s, want, kva__slot_start_of(getpid(), ag->self->gen));
+			repaired(ag, s, 1, "the agent's own slot %u was overwritten (kind %u, generation "
+				 "%u, pid %d), put back", s, kva__slot_kind(w), kva__slot_gen(w),
+				 (int)kva__slot_pid(w));
+		}
+		kva__view_set_slot(ag->a, s, KVA_AGENT_SLOT_AGENT, ag->self->gen, getpid(),
+				   (uint32_t)geteuid(), 0);
+	}
 	if (ag->words && (n = kva__agent_words_repair(ag->a, ag->words, what, sizeof(what))))
 		repaired(ag, UINT32_MAX, n, "%s%s", what, n > 1 ? " (and more words)" : "");
 	/* the view for ops tools, rewritten whole */

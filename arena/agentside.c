@@ -95,6 +95,7 @@ void kva__agent_words_save(struct kva_arena *a, struct kva__agent_words *w)
 	w->policy = atomic_load_explicit(&p->policy, memory_order_relaxed);
 	w->cache_limit = atomic_load_explicit(&p->cache_limit, memory_order_relaxed);
 	w->pub_fix = atomic_load_explicit(&p->pub_fix, memory_order_relaxed);
+	w->tiers = atomic_load_explicit(&p->tiers, memory_order_relaxed);
 	for (unsigned k = 0; k < KVA_OWNER_KINDS; k++)
 		w->quota_kind[k] = atomic_load_explicit(&p->quota_kind[k], memory_order_relaxed);
 	for (unsigned t = 0; t < KVA_MAX_TENANT_QUOTAS; t++)
@@ -146,6 +147,7 @@ unsigned kva__agent_words_repair(struct kva_arena *a, const struct kva__agent_wo
 	RESTORE(p->policy, w->policy, "the eviction policy");
 	RESTORE(p->cache_limit, w->cache_limit, "the cache limit");
 	RESTORE(p->pub_fix, w->pub_fix, "the published count's correction");
+	RESTORE(p->tiers, w->tiers, "the tiers word");
 	for (unsigned k = 0; k < KVA_OWNER_KINDS; k++)
 		RESTORE(p->quota_kind[k], w->quota_kind[k], "a quota");
 	for (unsigned t = 0; t < KVA_MAX_TENANT_QUOTAS; t++)

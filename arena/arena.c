@@ -44,6 +44,10 @@ static int opts_check(const struct kva_arena_opts *o, uint32_t *workers, uint32_
 		return kva__err(-EINVAL, "options: unknown flags %#x", o->flags);
 	if (o->numa_node < -1)
 		return kva__err(-EINVAL, "options: numa_node %d", o->numa_node);
+	if (o->tier_keys > KVA__TIER_KEYS_MAX)
+		return kva__err(-EINVAL, "options: tier_keys %llu above %llu",
+				(unsigned long long)o->tier_keys,
+				(unsigned long long)KVA__TIER_KEYS_MAX);
 	return 0;
 }
 
@@ -99,7 +103,7 @@ int kva_arena_create(const struct kva_geometry *g, const struct kva_arena_opts *
 	if ((ret = kva_geometry_layout(g, o->blocks, &l)) < 0 ||
 	    (ret = opts_check(o, &workers, &cache)) < 0)
 		return ret;
-	kva__meta_layout(o->blocks, workers, &m);
+	kva__meta_layout(o->blocks, workers, o->tier_keys, &m);
 
 	memset(&h, 0, sizeof(h));
 	h.magic = KVA__MAGIC;
@@ -130,6 +134,10 @@ int kva_arena_create(const struct kva_geometry *g, const struct kva_arena_opts *
 	h.idx_off = m.idx_off;
 	h.idx_entries = m.idx_entries;
 	h.bmeta_off = m.bmeta_off;
+	h.tier_keys = o->tier_keys;
+	h.dirty_off = m.dirty_off;
+	h.dsum_off = m.dsum_off;
+	h.fetch_off = m.fetch_off;
 	snprintf(h.name, sizeof(h.name), "%s", o->name ? o->name : "kvarena");
 
 	ret = kva__region_create("kvarena-meta", m.meta_bytes, false, &meta_fd, &meta_size);
@@ -269,6 +277,9 @@ int kva_arena_open_flags(int meta_fd, int data_fd, unsigned flags, struct kva_ar
 	a->l1 = (_Atomic uint64_t *)(a->meta + a->hdr.l1_off);
 	a->idx = (struct kva__pentry *)(a->meta + a->hdr.idx_off);
 	a->bmeta = (struct kva__bmeta *)(a->meta + a->hdr.bmeta_off);
+	a->dirty = (_Atomic uint64_t *)(a->meta + a->hdr.dirty_off);
+	a->dsum = (_Atomic uint64_t *)(a->meta + a->hdr.dsum_off);
+	a->fetch = (struct kva__fetch_area *)(a->meta + a->hdr.fetch_off);
 	a->idx_mask = a->hdr.idx_entries - 1;
 
 	a->info.geometry = (struct kva_geometry){
@@ -285,6 +296,7 @@ int kva_arena_open_flags(int meta_fd, int data_fd, unsigned flags, struct kva_ar
 	a->info.meta_bytes = a->hdr.meta_bytes;
 	a->info.alloc_meta_bytes = a->hdr.idx_off - a->hdr.desc_off;
 	a->info.index_entries = a->hdr.idx_entries;
+	a->info.tier_keys = a->hdr.tier_keys;
 	memcpy(a->info.name, a->hdr.name, sizeof(a->info.name));
 	*out = a;
 	return 0;

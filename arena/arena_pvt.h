@@ -14,13 +14,20 @@
  *   idx_off     prefix index  idx_entries x struct kva__pentry (prefix/index.c)
  *   bmeta_off   block meta    blocks x struct kva__bmeta: eviction hints and
  *                             where the block's index entry is (prefix/evict.c)
+ *   dirty_off   spill hints   one bit per block: "published, maybe without a
+ *                             copy in a tier below" (tiers/), and a summary
+ *                             bit per word (dsum_off)
+ *   fetch_off   fetch queues  max_workers x struct kva__fetch_area: a worker's
+ *                             requests to the agent to bring blocks up from
+ *                             the tiers (prefix/fetch.c, tiers/)
  *
  * l0 and l1 are written by every worker (a claim clears, a free sets) and by
  * reclaimers, and read by claimers; a writer that dies half-way leaves at
  * worst a free block whose bit is clear, which reclaim sets again (pool.c).
  *
- * That is 8 + 1/8 + 1/4096 bytes of allocator state per block, and 32 of block
- * meta plus 128 to 256 of index (four to eight entries a block) for prefixes.
+ * That is 8 + 1/8 + 1/4096 bytes of allocator state per block, and 48 of block
+ * meta plus 128 to 256 of index (four to eight entries a block) for prefixes;
+ * 64 to 128 bytes of index more per record the tiers below can hold.
  */
 #ifndef KVA_ARENA_PVT_H
 #define KVA_ARENA_PVT_H
@@ -39,7 +46,7 @@
 #define unlikely(x) __builtin_expect(!!(x), 0)
 
 #define KVA__MAGIC 0x31414e455241564bull /* "KVARENA1" read as a little-endian word */
-#define KVA__ABI_VERSION 3u
+#define KVA__ABI_VERSION 4u
 #define KVA__HEADER_BYTES 4096u
 #define KVA__HDR_HUGETLB 0x1u
 #define KVA__CACHE_MAX 65536u
@@ -61,15 +68,44 @@ struct kva__header {
 	uint32_t cache_blocks, flags;
 	int32_t numa_node;
 	uint32_t reserved0;
+	uint64_t tier_keys;     /* keys the index holds for the tiers, beyond the blocks */
 	uint64_t block_bytes, block_stride, page_bytes, data_bytes;
 	uint64_t meta_bytes, pool_off, slots_off, desc_off, l0_off, l1_off;
 	uint64_t l0_words, l1_words;
 	uint64_t idx_off, idx_entries, bmeta_off;
+	uint64_t dirty_off, dsum_off, fetch_off;
 	char name[32];
 	uint64_t checksum;      /* XXH64 of every byte above, seed KVA__HDR_SEED */
 };
 
 #define KVA__HDR_SEED 0x6b76617265616e61ull
+
+/* slot counters; the same indices in kva__pool.gone. BELOW: full blocks a
+ * match found in a tier below the arena; FETCHED / FETCH_FAILED: blocks a
+ * fetch brought up / did not; UNBACKED: cached blocks evicted, while tiers
+ * run, before the agent had copied them below (their data is gone) */
+enum { KVA__SC_HITS, KVA__SC_MISSES, KVA__SC_PUBLISHED, KVA__SC_DUPLICATES,
+       KVA__SC_EVICTIONS, KVA__SC_STALE, KVA__SC_INDEX_FULL, KVA__SC_BELOW, KVA__SC_FETCHED,
+       KVA__SC_FETCH_FAILED, KVA__SC_UNBACKED, KVA__SC_N };
+#define KVA__SC_MAX 12
+_Static_assert(KVA__SC_N <= KVA__SC_MAX, "slot counters fit their words");
+
+/* the words of one tier in the agent's report (struct kva__tier_view) */
+enum { KVA__TV_FLAGS, KVA__TV_CAP_RECORDS, KVA__TV_USED_RECORDS, KVA__TV_RECORD_BYTES,
+       KVA__TV_HITS, KVA__TV_BYTES_IN, KVA__TV_BYTES_OUT, KVA__TV_RECORDS_IN, KVA__TV_P50_NS,
+       KVA__TV_P99_NS, KVA__TV_IO_ERRORS, KVA__TV_VERIFY_FAILED, KVA__TV_STALE, KVA__TV_DROPPED,
+       KVA__TV_NODE_QD, KVA__TV_RESTART_FOUND, KVA__TV_RESTART_DROPPED, KVA__TV_SCAN_DONE,
+       KVA__TV_SCAN_TOTAL, KVA__TV_DEGRADED_MS, KVA__TV_N };
+/* ... and of the tiers as a whole */
+enum { KVA__TVS_BACKED, KVA__TVS_BACK_SKIPPED, KVA__TVS_FETCH_REQUESTS, KVA__TVS_FETCH_FAILED,
+       KVA__TVS_DOORBELLS, KVA__TVS_N };
+/* KVA__TV_FLAGS */
+#define KVA__TVF_ENABLED 0x1u
+#define KVA__TVF_DEGRADED 0x2u
+#define KVA__TVF_DIRECT 0x4u
+#define KVA__TVF_HUGETLB 0x8u
+#define KVA__TVF_PREALLOC 0x10u
+#define KVA__TVF_WARMING 0x20u
 
 /*
  * Pool state. pressure is set by a worker whose claim came back short (the
@@ -111,7 +147,7 @@ struct kva__pool {
 	_Atomic uint32_t quota_tenant[KVA_MAX_TENANT_QUOTAS][2]; /* tenant, blocks */
 	/* The counters of slots gone (left or reclaimed), added by whoever
 	 * took the slot back, so that totals survive their workers. */
-	alignas(64) _Atomic uint64_t gone[8];
+	alignas(64) _Atomic uint64_t gone[KVA__SC_MAX];
 	/*
 	 * The published-block count, one word per slot (kva__pub_*, prefix/evict.c):
 	 * bits 0..31 the slot's share of the count, modulo 2^32 (publications
@@ -139,7 +175,34 @@ struct kva__pool {
 		_Atomic uint64_t pending;               /* reclaims waiting to be retried */
 		_Atomic uint64_t slot[KVA_MAX_WORKERS][2]; /* kva__view_slot_word() */
 	} view;
+	/*
+	 * The tiers below the arena (tiers/). tiers: KVA__TIERS_* bits, written
+	 * by the agent alone (repaired like agent_state), read by workers on
+	 * publication, eviction and match: whether to mark a publication for a
+	 * copy, keep an evicted block's place below, look below. fetch_pending:
+	 * a bit per slot with fetch requests posted (fetch_or by the worker,
+	 * exchange by the agent). sleeping: the agent's tier thread is about to
+	 * sleep and must be woken by the doorbell (a Dekker pair with
+	 * fetch_pending and the dirty summary: each side stores, fences, reads
+	 * the other's). tier_view: what the agent reports of them, rewritten
+	 * whole by it (kva_arena_tier_stats); nobody decides from it.
+	 */
+	alignas(64) _Atomic uint32_t tiers;
+	_Atomic uint32_t sleeping;
+	_Atomic uint64_t fetch_pending;
+	alignas(64) struct kva__tier_view {
+		struct kva__tier_view_one {
+			_Atomic uint64_t v[KVA__TV_N];
+			_Atomic uint64_t reason[12];    /* 95 bytes and a NUL */
+			_Atomic uint64_t path[16];      /* 127 bytes and a NUL */
+		} t[2];                                 /* host, disk */
+		_Atomic uint64_t v[KVA__TVS_N];
+	} tier_view;
 };
+
+#define KVA__TIERS_HOST 0x1u
+#define KVA__TIERS_DISK 0x2u
+
 
 /* a slot in the agent's view: state (8) | generation (24) | pid (32); then
  * uid (32) | ms a reclaim has been pending (32) */
@@ -192,7 +255,7 @@ struct kva__slot {
 	 * summed by readers: counters (KVA__SC_*), blocks held by sequences by
 	 * owner kind and by tenant quota entry, and a count of index insertions
 	 * in flight (nonzero at death: reclaim looks for its BUSY entries). */
-	alignas(64) _Atomic uint64_t sc[8];
+	alignas(64) _Atomic uint64_t sc[KVA__SC_MAX];
 	_Atomic uint32_t kind_blocks[KVA_OWNER_KINDS];
 	_Atomic uint32_t open_seqs;
 	_Atomic uint32_t inserting;
@@ -203,10 +266,6 @@ struct kva__slot {
  * and the slot generation it belongs to, in one word. */
 #define KVA__START_BITS 40
 #define KVA__START_MASK ((1ull << KVA__START_BITS) - 1)
-
-/* slot counters; the same indices in kva__pool.gone */
-enum { KVA__SC_HITS, KVA__SC_MISSES, KVA__SC_PUBLISHED, KVA__SC_DUPLICATES,
-       KVA__SC_EVICTIONS, KVA__SC_STALE, KVA__SC_INDEX_FULL, KVA__SC_N };
 
 _Static_assert(sizeof(struct kva__slot) == 384, "one slot is six cache lines");
 
@@ -307,14 +366,22 @@ static inline uint64_t kva__d_next_free(uint64_t d)
  *   61..48  tag     14 bits of the key: a cheap first compare, and how an
  *                   inserter recognises a BUSY entry for its own key
  *   47..36  epoch   the block's descriptor epoch when published
+ *   34      disk    (spilled) the copy is in the disk tier, else the host's
+ *   33      spilled TOMB|ghost of a key whose block is no longer in the arena
+ *                   but whose copy is in a tier below: epoch holds the
+ *                   record's generation (12 bits) and block its record slot
  *   32      ghost   TOMB of an evicted block whose key (and, in info, use
  *                   count and eviction number) is kept: the eviction
  *                   history the PREFIX policy reads (prefix/evict.c)
- *   31..0   block   VALID: the block id; BUSY: the inserting slot
+ *   31..0   block   VALID: the block id; BUSY: the inserting slot;
+ *                   spilled: the record slot
  *
  * key is written between BUSY and VALID (release); a reader that saw VALID
  * (or a ghost) reads key, then ctrl again, and trusts the key only if ctrl
- * did not move.
+ * did not move. A spilled entry is where a key's block went when it left
+ * the arena (written by its evictor, from the block's backing below, or by
+ * the agent); nothing is served from it before the record it names is read
+ * and verified against the key (tiers/).
  */
 struct kva__pentry {
 	_Atomic uint64_t ctrl;
@@ -329,6 +396,8 @@ struct kva__pentry {
 #define KVA__P_TOMB 3u
 #define KVA__P_MAX_PROBE 128u
 #define KVA__P_GHOST (1ull << 32)
+#define KVA__P_SPILLED (1ull << 33)
+#define KVA__P_DISK (1ull << 34)
 
 static inline uint32_t kva__p_state(uint64_t c) { return (uint32_t)(c >> 62); }
 static inline uint32_t kva__p_tag(uint64_t c) { return (uint32_t)((c >> 48) & 0x3fff); }
@@ -338,6 +407,46 @@ static inline uint64_t kva__p_make(uint32_t state, uint32_t tag, uint64_t epoch,
 {
 	return ((uint64_t)state << 62) | ((uint64_t)(tag & 0x3fff) << 48) |
 	       ((epoch & KVA__D_EPOCH_MASK) << 36) | block;
+}
+
+/*
+ * Where a block's copy lives below the arena: tier (KVA__LOC_HOST or
+ * KVA__LOC_DISK) | record generation (12 bits) | record slot (32 bits); 0 is
+ * nowhere. The agent bumps a record slot's generation each time it puts
+ * another record there, so an old location names nothing (and the record's
+ * own header, checked against the key, says so again).
+ */
+#define KVA__LOC_HOST 1u
+#define KVA__LOC_DISK 2u
+#define KVA__LOC_GEN_MASK 0xfffu
+static inline uint64_t kva__loc_make(uint32_t tier, uint32_t gen, uint32_t slot)
+{
+	return (uint64_t)(tier & 3) << 44 | (uint64_t)(gen & KVA__LOC_GEN_MASK) << 32 | slot;
+}
+static inline uint32_t kva__loc_tier(uint64_t loc) { return (uint32_t)(loc >> 44) & 3; }
+static inline uint32_t kva__loc_gen(uint64_t loc) { return (uint32_t)(loc >> 32) & KVA__LOC_GEN_MASK; }
+static inline uint32_t kva__loc_slot(uint64_t loc) { return (uint32_t)loc; }
+/* a well-formed location: a tier, and nothing in the bits it does not use */
+static inline bool kva__loc_ok(uint64_t loc)
+{
+	return (kva__loc_tier(loc) == KVA__LOC_HOST || kva__loc_tier(loc) == KVA__LOC_DISK) &&
+	       !(loc >> 46);
+}
+/* the spilled ghost of @tag whose copy is at @loc */
+static inline uint64_t kva__p_spilled(uint32_t tag, uint64_t loc)
+{
+	return kva__p_make(KVA__P_TOMB, tag, kva__loc_gen(loc), kva__loc_slot(loc)) | KVA__P_GHOST |
+	       KVA__P_SPILLED | (kva__loc_tier(loc) == KVA__LOC_DISK ? KVA__P_DISK : 0);
+}
+static inline bool kva__p_is_spilled(uint64_t c)
+{
+	return kva__p_state(c) == KVA__P_TOMB && (c & KVA__P_SPILLED);
+}
+/* the location a spilled entry names */
+static inline uint64_t kva__p_loc(uint64_t c)
+{
+	return kva__loc_make(c & KVA__P_DISK ? KVA__LOC_DISK : KVA__LOC_HOST,
+			     (uint32_t)kva__p_epoch(c), kva__p_block(c));
 }
 
 /*
@@ -353,11 +462,78 @@ static inline uint64_t kva__p_make(uint32_t state, uint32_t tag, uint64_t epoch,
  * a holder, when it can no longer change (a block leaves its life only once
  * nobody holds it), and attaches the block only if it is the key it looked
  * up. Epochs are 12 bits and come round; keys are 128.
+ *
+ * backing: where a copy of this life's bytes is below the arena (a
+ * location, 0: none), so that an evictor keeps the key's place there. Set
+ * by the publisher (0, or the twin's copy it took over in the index), then
+ * by the agent, holding the block, once its copy is whole; read by the
+ * evictor after its acquire CAS. Advisory in the other direction: a stale
+ * or scribbled location costs a miss (the record, checked against the key,
+ * does not match), never wrong data.
  */
 struct kva__bmeta {
 	_Atomic uint64_t hint;
 	_Atomic uint64_t entry;
 	_Atomic uint64_t key[2];
+	_Atomic uint64_t backing;
+	uint64_t pad;
+};
+
+/*
+ * A fetch request (prefix/fetch.c posts it, tiers/ serves it): bring the
+ * record at loc, checked against key, into block dest of epoch dest_epoch,
+ * which the requester holds as SHARED with its bit alone (so that nobody,
+ * reclaim included, frees it while the agent writes it: the agent joins it
+ * before the I/O and drops it after).
+ *
+ * state is the only word that orders the others: kind (4 bits) | ticket
+ * (28 bits: the slot generation's low 12 bits and a 16-bit count, so a word
+ * of another life or an earlier request never matches). The worker fills
+ * the fields and stores POSTED (release); the agent takes it POSTED -> BUSY
+ * by CAS (acquire), serves it, and stores DONE or FAILED with the same
+ * ticket by CAS (release, after its last write to the block and its drop).
+ * A worker cancels a request the agent has not taken by CAS POSTED ->
+ * FREE; one the agent has taken it leaves to finish, and only then reuses
+ * the item. Everything the agent reads here is checked: dest against the
+ * arena and the descriptor, loc against its own table, key against the
+ * record.
+ */
+enum { KVA__F_FREE = 0, KVA__F_POSTED = 1, KVA__F_BUSY = 2, KVA__F_DONE = 3, KVA__F_FAILED = 4 };
+#define KVA__F_TICKET_MASK 0x0fffffffu
+static inline uint32_t kva__f_word(uint32_t kind, uint32_t ticket)
+{
+	return kind << 28 | (ticket & KVA__F_TICKET_MASK);
+}
+static inline uint32_t kva__f_kind(uint32_t w) { return w >> 28; }
+static inline uint32_t kva__f_ticket(uint32_t w) { return w & KVA__F_TICKET_MASK; }
+
+/* why a request FAILED, in its result word (with the tier in bits 8..9 on DONE) */
+enum { KVA__FR_OK = 0, KVA__FR_STALE = 1, KVA__FR_IO = 2, KVA__FR_VERIFY = 3, KVA__FR_DEST = 4,
+       KVA__FR_DEGRADED = 5, KVA__FR_BAD = 6 };
+
+struct kva__fitem {
+	_Atomic uint32_t state;
+	_Atomic uint32_t dest;
+	_Atomic uint32_t dest_epoch;
+	_Atomic uint32_t result;       /* agent: KVA__FR_* | tier << 8 */
+	_Atomic uint64_t key[2];
+	_Atomic uint64_t loc;
+	_Atomic uint64_t posted_ns;    /* CLOCK_MONOTONIC at posting: the agent's latency figure */
+};
+
+#define KVA__FETCH_ITEMS 128u
+
+/*
+ * One slot's fetch requests. done: a count the agent bumps (release) after
+ * finishing any of the slot's requests, and FUTEX_WAKEs if waiting is set;
+ * a waiting worker sets waiting, re-checks its requests, and sleeps on done
+ * (a Dekker pair with the agent's bump-then-read of waiting). Written by the
+ * slot's worker (items it owns, waiting) and the agent (done, item results).
+ */
+struct kva__fetch_area {
+	alignas(64) _Atomic uint32_t done;
+	_Atomic uint32_t waiting;
+	alignas(64) struct kva__fitem item[KVA__FETCH_ITEMS];
 };
 
 /* An arena mapping in this process. Everything here is private memory. */
@@ -376,6 +552,9 @@ struct kva_arena {
 	_Atomic uint64_t *l1;
 	struct kva__pentry *idx;
 	struct kva__bmeta *bmeta;
+	_Atomic uint64_t *dirty;     /* l0_words words */
+	_Atomic uint64_t *dsum;      /* l1_words words */
+	struct kva__fetch_area *fetch; /* max_workers of them */
 	uint64_t idx_mask;           /* idx_entries - 1 */
 	uint32_t blocks, l0_words, l1_words, max_workers;
 };
@@ -408,6 +587,10 @@ struct kva_worker {
 	uint64_t shares, refills, flushes;
 	/* set by kva_attach: what leaving must also undo (the agent connection,
 	 * the mapping); the arena itself knows nothing of the agent */
+	/* prefix/fetch.c: the doorbell of the agent's tier thread (-1: none; set
+	 * by kva_attach), and our fetch requests' private state (one malloc) */
+	int doorbell;
+	struct kva__fetcher *fetcher;
 	void (*on_leave)(struct kva_worker *w, void *ctx);
 	void *on_leave_ctx;
 };
@@ -455,10 +638,14 @@ void kva__crash_hook(enum kva__crash_point p, kva__crash_hook_fn *fn, void *arg)
 /* meta.c: the region layout and the header */
 struct kva__meta_layout {
 	uint64_t pool_off, slots_off, desc_off, l0_off, l1_off, idx_off, bmeta_off, meta_bytes;
+	uint64_t dirty_off, dsum_off, fetch_off;
 	uint64_t idx_entries;
 	uint32_t l0_words, l1_words;
 };
-void kva__meta_layout(uint32_t blocks, uint32_t max_workers, struct kva__meta_layout *m);
+/* the largest tier_keys an arena takes: 2^32 records (a location's slot) */
+#define KVA__TIER_KEYS_MAX 0xffffffffull
+void kva__meta_layout(uint32_t blocks, uint32_t max_workers, uint64_t tier_keys,
+		      struct kva__meta_layout *m);
 uint64_t kva__header_checksum(const struct kva__header *h);
 int kva__header_validate(const struct kva__header *h, uint64_t meta_size, uint64_t data_size);
 
@@ -534,7 +721,7 @@ int kva__reclaim_life(struct kva_arena *a, uint32_t slot, uint32_t gen,
 /* The words only the agent writes, as it last wrote them. */
 struct kva__agent_words {
 	uint8_t header[KVA__HEADER_BYTES];
-	uint32_t agent_state, policy;
+	uint32_t agent_state, policy, tiers;
 	int32_t agent_pid;
 	uint64_t cache_limit, pub_fix;
 	uint32_t quota_kind[KVA_OWNER_KINDS];

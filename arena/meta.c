@@ -2,7 +2,7 @@
 /*
  * meta.c - the metadata region's layout and its header's validation.
  *
- * The layout is a function of (blocks, max_workers) alone, so a process that
+ * The layout is a function of (blocks, max_workers, tier_keys) alone, so a process that
  * opens an arena recomputes every offset and compares: an offset read from
  * shared memory is never followed.
  */
@@ -19,7 +19,8 @@ static uint64_t align_up(uint64_t v, uint64_t a)
 	return (v + a - 1) & ~(a - 1);
 }
 
-void kva__meta_layout(uint32_t blocks, uint32_t max_workers, struct kva__meta_layout *m)
+void kva__meta_layout(uint32_t blocks, uint32_t max_workers, uint64_t tier_keys,
+		      struct kva__meta_layout *m)
 {
 	uint64_t off = KVA__HEADER_BYTES;
 
@@ -38,14 +39,21 @@ void kva__meta_layout(uint32_t blocks, uint32_t max_workers, struct kva__meta_la
 	/* the prefix index: at least four entries a block. Every block
 	 * published and the eviction history the PREFIX policy keeps (the
 	 * keys of the last 2 x blocks evictions, evict.c) fill three quarters
-	 * at most */
+	 * at most. The keys of the records in the tiers below (spilled
+	 * entries) take two entries each: half full at most */
 	m->idx_entries = 64;
-	while (m->idx_entries < 4ull * blocks)
+	while (m->idx_entries < 4ull * blocks + 2 * tier_keys)
 		m->idx_entries <<= 1;
 	m->idx_off = off = align_up(off, 64);
 	off += m->idx_entries * sizeof(struct kva__pentry);
 	m->bmeta_off = off = align_up(off, 64);
 	off += (uint64_t)blocks * sizeof(struct kva__bmeta);
+	m->dirty_off = off = align_up(off, 64);
+	off += (uint64_t)m->l0_words * sizeof(uint64_t);
+	m->dsum_off = off = align_up(off, 64);
+	off += (uint64_t)m->l1_words * sizeof(uint64_t);
+	m->fetch_off = off = align_up(off, 64);
+	off += (uint64_t)max_workers * sizeof(struct kva__fetch_area);
 	m->meta_bytes = align_up(off, 4096);
 }
 
@@ -112,13 +120,20 @@ int kva__header_validate(const struct kva__header *h, uint64_t meta_size, uint64
 		return BAD("data_bytes %llu, the geometry gives %llu",
 			   (unsigned long long)h->data_bytes, (unsigned long long)l.data_bytes);
 
-	kva__meta_layout(h->blocks, h->max_workers, &m);
+	if (h->tier_keys > KVA__TIER_KEYS_MAX)
+		return BAD("tier_keys %llu above %llu", (unsigned long long)h->tier_keys,
+			   (unsigned long long)KVA__TIER_KEYS_MAX);
+	if (h->reserved0)
+		return BAD("reserved0 %u is not zero", h->reserved0);
+	kva__meta_layout(h->blocks, h->max_workers, h->tier_keys, &m);
 	if (h->meta_bytes != m.meta_bytes || h->pool_off != m.pool_off || h->slots_off != m.slots_off ||
 	    h->desc_off != m.desc_off || h->l0_off != m.l0_off || h->l1_off != m.l1_off ||
 	    h->l0_words != m.l0_words || h->l1_words != m.l1_words || h->idx_off != m.idx_off ||
-	    h->idx_entries != m.idx_entries || h->bmeta_off != m.bmeta_off)
-		return BAD("region offsets do not follow from %u blocks and %u workers",
-			   h->blocks, h->max_workers);
+	    h->idx_entries != m.idx_entries || h->bmeta_off != m.bmeta_off ||
+	    h->dirty_off != m.dirty_off || h->dsum_off != m.dsum_off || h->fetch_off != m.fetch_off)
+		return BAD("region offsets do not follow from %u blocks, %u workers and %llu "
+			   "tier keys", h->blocks, h->max_workers,
+			   (unsigned long long)h->tier_keys);
 	if (memchr(h->name, '\0', sizeof(h->name)) == NULL)
 		return BAD("name is not terminated");
 	if (meta_size != h->meta_bytes)

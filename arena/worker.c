@@ -107,6 +107,7 @@ static int worker_make(struct kva_arena *a, uint32_t id, uint32_t gen, const cha
 		goto fail;
 	w->arena = a;
 	w->desc = a->desc;
+	w->doorbell = -1;
 	w->c.blocks = a->blocks;
 	if ((ret = kva__cache_resize(w, a->hdr.cache_blocks)) < 0)
 		goto fail;
@@ -266,6 +267,7 @@ void kva_worker_leave(struct kva_worker *w)
 	free(w->c.ids);
 	free(w->c.held);
 	free(w->ranks);
+	free(w->fetcher);
 	free(w);
 }
 

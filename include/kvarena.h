@@ -133,6 +133,9 @@ struct kva_arena_opts {
 	uint32_t flags;        /* KVA_ARENA_* */
 	int32_t numa_node;     /* bind the data region to this node; -1 = no binding */
 	const char *name;      /* shown by ops tools; NULL = "kvarena" */
+	uint64_t tier_keys;    /* keys of blocks in the tiers below the arena the
+				* prefix index must hold besides its own blocks
+				* (the agent: its tiers' record count); 0 = none */
 };
 
 #define KVA_CACHE_NONE 0xffffffffu
@@ -150,6 +153,7 @@ struct kva_arena_info {
 	uint64_t alloc_meta_bytes; /* of it, what the allocator keeps per block:
 				    * descriptors and free-block summary */
 	uint64_t index_entries;  /* prefix index capacity (kvarena_seq.h) */
+	uint64_t tier_keys;      /* of them, room kept for the tiers' keys (kvarena_tiers.h) */
 	char name[32];
 };
 
@@ -238,6 +242,7 @@ enum kva_agent_slot_state {
 	KVA_AGENT_SLOT_ATTACHED = 2,        /* an admitted worker */
 	KVA_AGENT_SLOT_JOINED = 3,          /* a worker that joined on its own, watched */
 	KVA_AGENT_SLOT_RECLAIM_PENDING = 4, /* its process exited; the reclaim is retried */
+	KVA_AGENT_SLOT_AGENT = 5,           /* the agent's own (its tier thread's holds) */
 };
 
 struct kva_agent_report {
@@ -601,5 +606,6 @@ const char *kva_errmsg(void);
 
 #include "kvarena_kernels.h"
 #include "kvarena_seq.h"
+#include "kvarena_tiers.h"
 
 #endif /* KVARENA_H */

@@ -21,6 +21,7 @@
 /* What kva_worker_leave() must undo for an attached worker. */
 struct attach {
 	int fd;                   /* the connection to the agent */
+	int doorbell;             /* the tiers' doorbell, or -1 */
 	struct kva_arena *arena;  /* our mapping of its arena */
 	bool stopping;            /* the agent said SHUTDOWN */
 };
@@ -37,7 +38,7 @@ const char *kva_default_socket(void)
  * agent's refusal turned into an errno and a sentence.
  */
 static int hello(const char *path, const char *name, uint32_t flags, int *fd_out,
-		 struct kva__welcome *wel, int fds[2])
+		 struct kva__welcome *wel, int fds[KVA__MAX_FDS])
 {
 	union kva__msg m, in;
 	char buf[sizeof(union kva__msg)];
@@ -105,6 +106,8 @@ static void attach_leave(struct kva_worker *w, void *ctx)
 	(void)w;
 	send_bye(at->fd);
 	close(at->fd);
+	if (at->doorbell >= 0)
+		close(at->doorbell);
 	kva_arena_close(at->arena);
 	free(at);
 }
@@ -114,7 +117,7 @@ int kva_attach(const char *socket_path, const char *name, struct kva_worker **ou
 	struct kva__welcome wel;
 	struct kva_arena *a = NULL;
 	struct attach *at;
-	int fds[2], fd, ret;
+	int fds[KVA__MAX_FDS], fd, ret;
 
 	if (!out)
 		return kva__err(-EINVAL, "kva_attach: NULL argument");
@@ -126,6 +129,7 @@ int kva_attach(const char *socket_path, const char *name, struct kva_worker **ou
 		free(at);
 		return ret;
 	}
+	at->doorbell = wel.flags & KVA__WELCOME_DOORBELL ? fds[2] : -1;
 	ret = kva_arena_open(fds[0], fds[1], &a);
 	close(fds[0]);
 	close(fds[1]);
@@ -153,6 +157,7 @@ int kva_attach(const char *socket_path, const char *name, struct kva_worker **ou
 	}
 	at->fd = fd;
 	at->arena = a;
+	(*out)->doorbell = at->doorbell;
 	(*out)->on_leave = attach_leave;
 	(*out)->on_leave_ctx = at;
 	return 0;
@@ -160,6 +165,8 @@ fail:
 	kva__err_hold(true); /* the message is the cause, not the cleanup's */
 	send_bye(fd);        /* the agent takes its reservation back */
 	close(fd);
+	if (at->doorbell >= 0)
+		close(at->doorbell);
 	kva_arena_close(a);
 	free(at);
 	kva__err_hold(false);
@@ -188,7 +195,7 @@ int kva_worker_poll(struct kva_worker *w)
 	struct attach *at = attached(w);
 	char buf[sizeof(union kva__msg)];
 	union kva__msg m;
-	int fds[2], nfds, n;
+	int fds[KVA__MAX_FDS], nfds, n;
 
 	if (!at)
 		return -EINVAL;
@@ -216,7 +223,7 @@ int kva_worker_poll(struct kva_worker *w)
 int kva_observe(const char *socket_path, struct kva_arena **out, struct kva_agent_info *info)
 {
 	struct kva__welcome wel;
-	int fds[2], fd, ret;
+	int fds[KVA__MAX_FDS], fd, ret;
 
 	if (!out)
 		return kva__err(-EINVAL, "kva_observe: NULL argument");

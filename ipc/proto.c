@@ -91,9 +91,11 @@ int kva__msg_decode(const void *buf, size_t len, int nfds, union kva__msg *out)
 	if (len != msg_size[h.type])
 		return BAD("%s of %zu bytes, it has %zu%s", what, len, msg_size[h.type],
 			   len > msg_size[h.type] ? " (trailing bytes)" : "");
-	if (nfds != (h.type == KVA__MSG_WELCOME ? 2 : 0))
-		return BAD("%s with %d file descriptors", what, nfds);
 	memcpy(&m, buf, len);
+	/* a WELCOME brings the two regions, and the tiers' doorbell if it says so */
+	if (nfds != (h.type != KVA__MSG_WELCOME ? 0
+		     : m.welcome.flags & KVA__WELCOME_DOORBELL ? 3 : 2))
+		return BAD("%s with %d file descriptors", what, nfds);
 
 	switch (h.type) {
 	case KVA__MSG_HELLO:
@@ -105,7 +107,7 @@ int kva__msg_decode(const void *buf, size_t len, int nfds, union kva__msg *out)
 			return BAD("HELLO name not a terminated, zero-padded string");
 		break;
 	case KVA__MSG_WELCOME:
-		if (m.welcome.flags & ~KVA__WELCOME_READONLY)
+		if (m.welcome.flags & ~(KVA__WELCOME_READONLY | KVA__WELCOME_DOORBELL))
 			return BAD("WELCOME with unknown flags %#x", m.welcome.flags);
 		if (m.welcome.slot == KVA__NO_SLOT
 			    ? !(m.welcome.flags & KVA__WELCOME_READONLY)

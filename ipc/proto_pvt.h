@@ -10,7 +10,9 @@
  *                                        the pid must be the peer's,
  *                                        a slot reserved (workers only)
  *                                <----   WELCOME (slot, generation, sizes)
- *                                        + metadata and data fds
+ *                                        + metadata and data fds (and, with
+ *                                        tiers, the eventfd a worker writes
+ *                                        to wake the agent's tier thread)
  *                                <----   or REFUSE (reason, text); then close
  *   ADOPTED                      ---->   the slot is adopted (LIVE): what the
  *                                        agent restores if a worker overwrites it
@@ -60,6 +62,7 @@ struct kva__hello {
 };
 
 #define KVA__WELCOME_READONLY 0x1u /* the fds are read-only */
+#define KVA__WELCOME_DOORBELL 0x2u /* a third fd: the tiers' doorbell (an eventfd) */
 
 struct kva__welcome {
 	struct kva__msg_hdr h;
@@ -139,7 +142,7 @@ const char *kva__refusal_name(uint32_t reason);
 const char *kva__msg_type_name(uint32_t type);
 
 /* sock.c */
-#define KVA__MAX_FDS 2
+#define KVA__MAX_FDS 3
 
 int kva__sock_send(int fd, const union kva__msg *m, const int *fds, int nfds);
 /*

@@ -194,8 +194,9 @@ static uint32_t hint_hits(uint64_t h) { return (uint32_t)h & 0xff; }
 
 /* by the publisher, holding @id alone, before the release that publishes it */
 void kva__hint_publish(struct kva_arena *a, uint32_t id, const uint64_t key[2], uint64_t tick,
-		       uint32_t depth, uint32_t hits, uint64_t pos)
+		       uint32_t depth, uint32_t hits, uint64_t pos, uint64_t backing)
 {
+	atomic_store_explicit(&a->bmeta[id].backing, backing, memory_order_relaxed);
 	atomic_store_explicit(&a->bmeta[id].key[0], key[0], memory_order_relaxed);
 	atomic_store_explicit(&a->bmeta[id].key[1], key[1], memory_order_relaxed);
 	atomic_store_explicit(&a->bmeta[id].hint, hint_make(tick, depth, hits),
@@ -227,12 +228,17 @@ static uint64_t rank(uint64_t h)
  * the eviction CAS; true if the block is now ours. Our pub[] word says which
  * block we are about to take before the CAS and counts it out after: a death
  * between the two is settled by reclaim from the block's descriptor.
+ *
+ * With tiers below the arena, the block's index entry becomes a spilled
+ * ghost naming its copy there, if the agent made one (backing, read after
+ * our acquire CAS: the agent stored it while holding the block, before its
+ * release); without a copy the bytes are gone, and counted as such.
  */
 static bool take(struct kva_worker *w, uint32_t id, uint64_t d)
 {
 	struct kva_arena *a = w->arena;
 	uint32_t c = kva__pub_count(pub_mine(w));
-	uint64_t pos;
+	uint64_t pos, loc = 0;
 
 	if (kva__d_kind(d) != KVA__D_CACHED)
 		return false;
@@ -247,14 +253,21 @@ static bool take(struct kva_worker *w, uint32_t id, uint64_t d)
 	}
 	KVA__CRASH_POINT(KVA__CP_EVICT_TAKEN);
 	pub_set(w, c - 1, 0);
+	if (atomic_load_explicit(&a->pool->tiers, memory_order_relaxed)) {
+		loc = atomic_load_explicit(&a->bmeta[id].backing, memory_order_relaxed);
+		if (!kva__loc_ok(loc))
+			kva__sc_add(w, KVA__SC_UNBACKED, 1);
+	}
 	pos = atomic_load_explicit(&a->bmeta[id].entry, memory_order_relaxed);
 	if (pos) /* the entry stays as a ghost: this key's history */
 		kva__index_remove(a, pos - 1, id, kva__d_epoch(d),
 				  hint_hits(atomic_load_explicit(&a->bmeta[id].hint,
 								 memory_order_relaxed)) + 1,
 				  atomic_fetch_add_explicit(&a->pool->evictions, 1,
-							    memory_order_relaxed) + 1);
+							    memory_order_relaxed) + 1,
+				  loc);
 	atomic_store_explicit(&a->bmeta[id].entry, 0, memory_order_relaxed);
+	atomic_store_explicit(&a->bmeta[id].backing, 0, memory_order_relaxed);
 	return true;
 }
 
@@ -429,9 +442,6 @@ uint32_t kva__evict(struct kva_worker *w, uint32_t want, uint32_t *ids)
 	if (got < want)
 		got += evict_exhaustive(w, want - got, ids + got, !clock);
 	if (got)
-		atomic_store_explicit(&w->slot->sc[KVA__SC_EVICTIONS],
-				      atomic_load_explicit(&w->slot->sc[KVA__SC_EVICTIONS],
-							   memory_order_relaxed) + got,
-				      memory_order_relaxed);
+		kva__sc_add(w, KVA__SC_EVICTIONS, got);
 	return got;
 }

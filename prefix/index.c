@@ -192,15 +192,18 @@ static bool earlier_twin(struct kva_arena *a, uint64_t start, uint64_t mine, con
 }
 
 /*
- * kva__index_insert - publish (key -> block at epoch). The entry taken is, by
- * preference: a live ghost of the same key (its use count comes back in
- * *@uses: the block was evicted recently and is wanted again), else the
- * first tombstone, expired ghost or EMPTY entry of the chain, else the
- * oldest live ghost in reach. Return: 0 (entry at *@pos), -EEXIST (the key
- * is there or being inserted), -ENOSPC (nothing free within reach).
+ * insert - claim an entry for @key and make it @final (VALID, or a spilled
+ * ghost: kva__index_insert, kva__index_insert_spilled). The entry taken is,
+ * by preference: the key's own ghost (its use count comes back in *@uses if
+ * its history is recent, and where its copy below is, if it has one, in
+ * *@twin_loc), else the first tombstone, expired ghost or EMPTY entry of the
+ * chain, else the oldest live ghost in reach, else the oldest spilled one
+ * (the copy below stays, unnamed, until the agent reuses its place). Return:
+ * 0 (entry at *@pos), -EEXIST (the key is there or being inserted),
+ * -ENOSPC (nothing free within reach).
  */
-int kva__index_insert(struct kva_worker *w, const uint64_t key[2], uint32_t block,
-		      uint64_t epoch, uint64_t info, uint64_t *pos_out, uint32_t *uses)
+static int insert(struct kva_worker *w, const uint64_t key[2], uint64_t final, uint64_t info,
+		  uint64_t *pos_out, uint32_t *uses, uint64_t *twin_loc)
 {
 	struct kva_arena *a = w->arena;
 	struct kva__slot *s = w->slot;
@@ -208,9 +211,11 @@ int kva__index_insert(struct kva_worker *w, const uint64_t key[2], uint32_t bloc
 	uint64_t start = key[0] & a->idx_mask;
 
 	*uses = 0;
+	*twin_loc = 0;
 	for (int attempt = 0; attempt < 8; attempt++) {
 		uint64_t pos = start, cand = UINT64_MAX, cand_c = 0, c;
 		uint64_t twin = UINT64_MAX, twin_c = 0, old = UINT64_MAX, old_c = 0, old_seq = UINT64_MAX;
+		uint64_t sp = UINT64_MAX, sp_c = 0, sp_seq = UINT64_MAX;
 		uint32_t twin_uses = 0;
 
 		for (uint32_t i = 0; i < KVA__P_MAX_PROBE; i++, pos = (pos + 1) & a->idx_mask) {
@@ -262,6 +267,12 @@ int kva__index_insert(struct kva_worker *w, const uint64_t key[2], uint32_t bloc
 					twin = pos;
 					twin_c = c;
 					twin_uses = kva__ghost_live(a, gi) ? (uint32_t)(gi & 0xff) : 0;
+				} else if (c & KVA__P_SPILLED) {
+					if ((gi >> 8) < sp_seq) { /* a copy below: the last resort */
+						sp = pos;
+						sp_c = c;
+						sp_seq = gi >> 8;
+					}
 				} else if (!kva__ghost_live(a, gi)) {
 					if (cand == UINT64_MAX) {
 						cand = pos;
@@ -280,10 +291,15 @@ int kva__index_insert(struct kva_worker *w, const uint64_t key[2], uint32_t bloc
 			cand = twin;
 			cand_c = twin_c;
 		} else if (cand == UINT64_MAX) {
-			if (old == UINT64_MAX)
+			if (old != UINT64_MAX) { /* forget the oldest history in reach */
+				cand = old;
+				cand_c = old_c;
+			} else if (sp != UINT64_MAX) {
+				cand = sp;
+				cand_c = sp_c;
+			} else {
 				return -ENOSPC;
-			cand = old; /* forget the oldest history in reach */
-			cand_c = old_c;
+			}
 		}
 
 		/* Claim it. The count of our inserts in flight goes up first, so
@@ -306,32 +322,126 @@ int kva__index_insert(struct kva_worker *w, const uint64_t key[2], uint32_t bloc
 		atomic_store_explicit(&a->idx[cand].key[0], key[0], memory_order_relaxed);
 		atomic_store_explicit(&a->idx[cand].key[1], key[1], memory_order_relaxed);
 		atomic_store_explicit(&a->idx[cand].info, info, memory_order_relaxed);
-		/* release: key and info before VALID (read_key's fence) */
-		atomic_store_explicit(&a->idx[cand].ctrl, kva__p_make(KVA__P_VALID, tag, epoch, block),
-				      memory_order_release);
+		/* release: key and info before the final word (read_key's fence) */
+		atomic_store_explicit(&a->idx[cand].ctrl, final, memory_order_release);
 		atomic_store_explicit(&s->inserting,
 				      atomic_load_explicit(&s->inserting, memory_order_relaxed) - 1,
 				      memory_order_relaxed);
 		atomic_thread_fence(memory_order_seq_cst);
 		if (earlier_twin(a, start, cand, key)) {
-			kva__index_remove(a, cand, block, epoch, 0, 0);
+			uint64_t f = final;
+
+			atomic_compare_exchange_strong_explicit(&a->idx[cand].ctrl, &f,
+								kva__p_make(KVA__P_TOMB, 0, 0, 0),
+								memory_order_relaxed,
+								memory_order_relaxed);
 			return -EEXIST;
 		}
 		*pos_out = cand;
-		*uses = cand == twin ? twin_uses : 0;
+		if (cand == twin) {
+			*uses = twin_uses;
+			*twin_loc = twin_c & KVA__P_SPILLED ? kva__p_loc(twin_c) : 0;
+		}
 		return 0;
 	}
 	return -ENOSPC;
 }
 
 /*
+ * kva__index_insert - publish (key -> block at epoch). If the key's spilled
+ * ghost is taken over, *@twin_loc says where its copy below is: the same
+ * bytes (the same key), which the block's backing can name (prefix/seq.c).
+ */
+int kva__index_insert(struct kva_worker *w, const uint64_t key[2], uint32_t block,
+		      uint64_t epoch, uint64_t info, uint64_t *pos_out, uint32_t *uses,
+		      uint64_t *twin_loc)
+{
+	return insert(w, key, kva__p_make(KVA__P_VALID, key_tag(key), epoch, block), info, pos_out,
+		      uses, twin_loc);
+}
+
+/*
+ * kva__index_insert_spilled - by the agent: @key's block is nowhere in the
+ * arena but its copy is at @loc (a record found again at a warm restart).
+ * An entry of the key already there (VALID, or a spilled ghost: another
+ * copy) wins: -EEXIST.
+ */
+int kva__index_insert_spilled(struct kva_worker *w, const uint64_t key[2], uint64_t loc,
+			      uint64_t evseq, uint64_t *pos_out)
+{
+	uint64_t twin_loc;
+	uint32_t uses;
+
+	if (kva__index_lookup_spilled(w->arena, key, NULL))
+		return -EEXIST;
+	return insert(w, key, kva__p_spilled(key_tag(key), loc), evseq << 8, pos_out, &uses,
+		      &twin_loc);
+}
+
+/*
+ * kva__index_lookup_spilled - the first spilled ghost of @key in its chain:
+ * where the key's block went below the arena. A hint like any entry: the
+ * record it names is checked against the key before anything is served.
+ */
+bool kva__index_lookup_spilled(struct kva_arena *a, const uint64_t key[2], struct kva__found *f)
+{
+	uint32_t tag = key_tag(key);
+	uint64_t pos = key[0] & a->idx_mask;
+
+	for (uint32_t i = 0; i < KVA__P_MAX_PROBE; i++, pos = (pos + 1) & a->idx_mask) {
+		struct kva__pentry *e = &a->idx[pos];
+		uint64_t c = atomic_load_explicit(&e->ctrl, memory_order_acquire), k[2];
+
+		if (c == 0)
+			return false;
+		if (!kva__p_is_spilled(c) || kva__p_tag(c) != tag || !kva__loc_ok(kva__p_loc(c)))
+			continue;
+		if (!read_key(e, c, k) || k[0] != key[0] || k[1] != key[1])
+			continue;
+		if (f) {
+			f->pos = pos;
+			f->ctrl = c;
+		}
+		return true;
+	}
+	return false;
+}
+
+/*
+ * kva__index_respill - entry @pos, the spilled ghost @c, now names @loc (the
+ * agent moved its copy down a tier). kva__index_unspill - it names nothing
+ * below any more (the copy was dropped, or did not verify): a plain ghost,
+ * the key's history kept. Each one CAS: an entry taken over meanwhile (the
+ * key published again, or its place reused) is left alone.
+ */
+bool kva__index_respill(struct kva_arena *a, uint64_t pos, uint64_t c, uint64_t loc)
+{
+	if (pos > a->idx_mask || !kva__p_is_spilled(c) || !kva__loc_ok(loc))
+		return false;
+	return atomic_compare_exchange_strong_explicit(&a->idx[pos].ctrl, &c,
+						       kva__p_spilled(kva__p_tag(c), loc),
+						       memory_order_relaxed, memory_order_relaxed);
+}
+
+bool kva__index_unspill(struct kva_arena *a, uint64_t pos, uint64_t c)
+{
+	if (pos > a->idx_mask || !kva__p_is_spilled(c))
+		return false;
+	return atomic_compare_exchange_strong_explicit(
+		&a->idx[pos].ctrl, &c,
+		kva__p_make(KVA__P_TOMB, kva__p_tag(c), 0, 0) | KVA__P_GHOST,
+		memory_order_relaxed, memory_order_relaxed);
+}
+
+/*
  * kva__index_remove - delete entry @pos if it still names (block, epoch): a
  * plain tombstone, or with @evseq nonzero a ghost that keeps the key, @uses
  * and @evseq (written before the CAS: a reader trusts a ghost's info only
- * after the ctrl word it read says ghost).
+ * after the ctrl word it read says ghost), spilled to @loc if that is a
+ * location (the block's copy below: prefix/evict.c).
  */
 bool kva__index_remove(struct kva_arena *a, uint64_t pos, uint32_t block, uint64_t epoch,
-		       uint32_t uses, uint64_t evseq)
+		       uint32_t uses, uint64_t evseq, uint64_t loc)
 {
 	struct kva__pentry *e;
 	uint64_t c, t;
@@ -347,7 +457,8 @@ bool kva__index_remove(struct kva_arena *a, uint64_t pos, uint32_t block, uint64
 	if (evseq) {
 		atomic_store_explicit(&e->info, (uses > 0xff ? 0xff : uses) | evseq << 8,
 				      memory_order_relaxed);
-		t = kva__p_make(KVA__P_TOMB, kva__p_tag(c), 0, 0) | KVA__P_GHOST;
+		t = kva__loc_ok(loc) ? kva__p_spilled(kva__p_tag(c), loc)
+				     : kva__p_make(KVA__P_TOMB, kva__p_tag(c), 0, 0) | KVA__P_GHOST;
 	}
 	/* release: the info store before the ghost word */
 	return atomic_compare_exchange_strong_explicit(&e->ctrl, &c, t, memory_order_release,

@@ -26,33 +26,7 @@
 
 #include "prefix_pvt.h"
 
-struct kva_seq {
-	struct kva_worker *w;
-	enum kva_owner_kind kind;
-	int tenant_q;              /* index of the tenant's quota entry, -1: none */
-	uint64_t salt[2];
-	size_t max_tokens;         /* 0: none */
-	size_t n_tokens;
-	uint32_t *ids;             /* [n_blocks]: covers n_tokens, then reserved */
-	size_t n_blocks, cap;
-	size_t n_hashed;           /* full blocks whose keys are chained so far */
-	uint64_t key[2];           /* the key of block n_hashed - 1 */
-	bool cow;                  /* the partial block is shared with a fork */
-	int32_t *part;             /* the partial block's tokens: [block_tokens] */
-};
 
-static inline uint32_t btok(const struct kva_seq *s)
-{
-	return s->w->arena->info.geometry.block_tokens;
-}
-
-static void sc_add(struct kva_worker *w, unsigned i, uint64_t v)
-{
-	/* single writer (this worker): a relaxed load and store */
-	atomic_store_explicit(&w->slot->sc[i],
-			      atomic_load_explicit(&w->slot->sc[i], memory_order_relaxed) + v,
-			      memory_order_relaxed);
-}
 
 static void u32_add(_Atomic uint32_t *p, int64_t v)
 {
@@ -61,7 +35,7 @@ static void u32_add(_Atomic uint32_t *p, int64_t v)
 }
 
 /* usage accounting of @n more (or fewer) blocks held by sequence @s */
-static void usage_add(struct kva_seq *s, int64_t n)
+void kva__usage_add(struct kva_seq *s, int64_t n)
 {
 	u32_add(&s->w->slot->kind_blocks[s->kind], n);
 	if (s->tenant_q >= 0)
@@ -98,7 +72,7 @@ static uint64_t sum_slots_tenant(struct kva_arena *a, int q)
  * passes a quota; two takers at once may both be refused where one would
  * have fitted.
  */
-static int quota_take(struct kva_seq *s, uint64_t more)
+int kva__quota_take(struct kva_seq *s, uint64_t more)
 {
 	struct kva_arena *a = s->w->arena;
 	static const char *const kinds[] = { "inference", "training", "pinned" };
@@ -108,19 +82,19 @@ static int quota_take(struct kva_seq *s, uint64_t more)
 							       memory_order_relaxed);
 	uint64_t used;
 
-	usage_add(s, (int64_t)more);
+	kva__usage_add(s, (int64_t)more);
 	if (!lim && !tlim)
 		return 0;
 	/* pairs with the same fence of every other taker */
 	atomic_thread_fence(memory_order_seq_cst);
 	if (lim && (used = sum_slots_kind(a, s->kind)) > lim) {
-		usage_add(s, -(int64_t)more);
+		kva__usage_add(s, -(int64_t)more);
 		return kva__err(-EDQUOT, "quota: %s sequences hold %llu blocks, %llu more would "
 				"pass their quota of %u", kinds[s->kind],
 				(unsigned long long)(used - more), (unsigned long long)more, lim);
 	}
 	if (tlim && (used = sum_slots_tenant(a, s->tenant_q)) > tlim) {
-		usage_add(s, -(int64_t)more);
+		kva__usage_add(s, -(int64_t)more);
 		return kva__err(-EDQUOT, "quota: tenant %u holds %llu blocks, %llu more would "
 				"pass its quota of %u",
 				atomic_load_explicit(&a->pool->quota_tenant[s->tenant_q][0],
@@ -155,7 +129,7 @@ int kva_arena_set_quotas(struct kva_arena *a, const struct kva_quotas *q)
 
 /* room for @n more ids in the block table; every caller has bounded
  * n_blocks + n by the arena's block count, and this checks it again */
-static int table_room(struct kva_seq *s, size_t n)
+int kva__table_room(struct kva_seq *s, size_t n)
 {
 	size_t cap = s->cap ? s->cap : 16;
 	uint32_t *ids;
@@ -178,7 +152,7 @@ static int table_room(struct kva_seq *s, size_t n)
 /* blocks needed to cover @tokens: no overflow for any size_t */
 static size_t blocks_for(const struct kva_seq *s, size_t tokens)
 {
-	return tokens / btok(s) + (tokens % btok(s) != 0);
+	return tokens / kva__btok(s) + (tokens % kva__btok(s) != 0);
 }
 
 /*
@@ -199,11 +173,11 @@ static int reserve_blocks(struct kva_seq *s, size_t upto_tokens)
 		return kva__err(-ENOSPC, "reserve: %zu tokens need %zu blocks, the arena has %u",
 				upto_tokens, need, s->w->arena->blocks);
 	need -= s->n_blocks;
-	if ((ret = quota_take(s, need)) < 0)
+	if ((ret = kva__quota_take(s, need)) < 0)
 		return ret;
-	if ((ret = table_room(s, need)) < 0 ||
+	if ((ret = kva__table_room(s, need)) < 0 ||
 	    (ret = kva_alloc(s->w, (uint32_t)need, s->ids + s->n_blocks)) < 0) {
-		usage_add(s, -(int64_t)need);
+		kva__usage_add(s, -(int64_t)need);
 		return ret;
 	}
 	s->n_blocks += need;
@@ -308,20 +282,24 @@ static bool join(struct kva_seq *s, const struct kva__found *f, const uint64_t k
 		/* the entry, if it still holds our key, is an older life's
 		 * (its block has another key now): gone, for whoever comes next */
 		if (kva__index_retire(a, f->pos, f->ctrl, key))
-			sc_add(w, KVA__SC_STALE, 1);
+			kva__sc_add(w, KVA__SC_STALE, 1);
 		kva_free(w, &b, 1);
 		return false;
 	}
 	return true;
 }
 
-int kva_seq_match(struct kva_seq *s, const int32_t *tokens, size_t n, size_t *matched_tokens)
+/*
+ * match - attach the longest prefix of @tokens' full blocks found in the
+ * arena, and (tiers running) record how many blocks after it are below.
+ */
+static int match(struct kva_seq *s, const int32_t *tokens, size_t n, size_t *matched_tokens)
 {
 	struct kva_worker *w;
 	struct kva_arena *a;
 	uint32_t bt;
 	size_t full, m = 0;
-	uint64_t key[2] = { 0, 0 }, stale = 0, tick;
+	uint64_t key[2] = { 0, 0 }, k[2] = { 0, 0 }, stale = 0, tick;
 	uint32_t *got;
 	int ret;
 
@@ -331,9 +309,12 @@ int kva_seq_match(struct kva_seq *s, const int32_t *tokens, size_t n, size_t *ma
 	if (s->n_tokens)
 		return kva__err(-EBUSY, "seq_match: the sequence already has %zu tokens",
 				s->n_tokens);
+	if (s->fetch)
+		return kva__err(-EBUSY, "seq_match: a fetch is in flight");
 	w = s->w;
 	a = w->arena;
-	bt = btok(s);
+	bt = kva__btok(s);
+	s->n_below = 0;
 	full = n / bt;
 	if (s->max_tokens && full * bt > s->max_tokens)
 		full = s->max_tokens / bt;
@@ -345,13 +326,12 @@ int kva_seq_match(struct kva_seq *s, const int32_t *tokens, size_t n, size_t *ma
 		return ret;
 	if (!full)
 		return 0;
-	if ((ret = table_room(s, full)) < 0)
+	if ((ret = kva__table_room(s, full)) < 0)
 		return ret;
 	got = s->ids + s->n_blocks; /* room past the table; moved to the front below */
 	tick = atomic_load_explicit(&a->pool->tick, memory_order_relaxed);
 	for (; m < full; m++) {
 		struct kva__found f;
-		uint64_t k[2];
 
 		kva_prefix_hash(m ? key : NULL, s->salt, tokens + m * bt, bt, k);
 		if (!kva__index_lookup(a, k, &f, &stale))
@@ -365,19 +345,21 @@ int kva_seq_match(struct kva_seq *s, const int32_t *tokens, size_t n, size_t *ma
 		key[1] = k[1];
 	}
 	if (stale)
-		sc_add(w, KVA__SC_STALE, stale);
-	sc_add(w, KVA__SC_HITS, m);
-	sc_add(w, KVA__SC_MISSES, full - m);
+		kva__sc_add(w, KVA__SC_STALE, stale);
+	kva__sc_add(w, KVA__SC_HITS, m);
+	kva__sc_add(w, KVA__SC_MISSES, full - m);
+	if (m < full && atomic_load_explicit(&a->pool->tiers, memory_order_relaxed))
+		kva__look_below(s, tokens, m, full, k);
 	if (!m)
 		return 0;
-	if ((ret = quota_take(s, m)) < 0)
+	if ((ret = kva__quota_take(s, m)) < 0)
 		goto drop;
 	/* matched blocks first, then what was reserved */
 	if (s->n_blocks) {
 		uint32_t *tmp = malloc(m * sizeof(*tmp));
 
 		if (!tmp) {
-			usage_add(s, -(int64_t)m);
+			kva__usage_add(s, -(int64_t)m);
 			ret = kva__err(-ENOMEM, "seq_match: out of memory");
 			goto drop;
 		}
@@ -394,10 +376,35 @@ int kva_seq_match(struct kva_seq *s, const int32_t *tokens, size_t n, size_t *ma
 	*matched_tokens = s->n_tokens;
 	return 0;
 drop:
+	s->n_below = 0;
 	kva__err_hold(true);
 	kva_free(w, got, (uint32_t)m);
 	kva__err_hold(false);
 	return ret;
+}
+
+int kva_seq_match(struct kva_seq *s, const int32_t *tokens, size_t n, size_t *matched_tokens)
+{
+	return match(s, tokens, n, matched_tokens);
+}
+
+int kva_seq_match_tiers(struct kva_seq *s, const int32_t *tokens, size_t n, struct kva_match *m)
+{
+	int ret;
+
+	if (!m)
+		return kva__err(-EINVAL, "seq_match: NULL argument");
+	memset(m, 0, sizeof(*m));
+	if ((ret = match(s, tokens, n, &m->tokens)) < 0)
+		return ret;
+	for (size_t i = 0; i < s->n_below; i++) {
+		if (kva__loc_tier(s->below[i].loc) == KVA__LOC_DISK)
+			m->below_disk_tokens += kva__btok(s);
+		else
+			m->below_host_tokens += kva__btok(s);
+	}
+	m->below_tokens = m->below_host_tokens + m->below_disk_tokens;
+	return 0;
 }
 
 int kva_seq_reserve(struct kva_seq *s, size_t n_tokens)
@@ -440,55 +447,61 @@ static void block_copy(struct kva_arena *a, uint32_t to, uint32_t from)
 static int unshare_partial(struct kva_seq *s)
 {
 	struct kva_worker *w = s->w;
-	size_t i = s->n_tokens / btok(s);
+	size_t i = s->n_tokens / kva__btok(s);
 	uint32_t fresh, old = s->ids[i];
 	int ret;
 
 	/* for a moment both blocks are held: the quota must have room */
-	if ((ret = quota_take(s, 1)) < 0)
+	if ((ret = kva__quota_take(s, 1)) < 0)
 		return ret;
 	if ((ret = kva_alloc(w, 1, &fresh)) < 0) {
-		usage_add(s, -1);
+		kva__usage_add(s, -1);
 		return ret;
 	}
 	block_copy(w->arena, fresh, old);
 	s->ids[i] = fresh;
 	kva_free(w, &old, 1);
-	usage_add(s, -1);
+	kva__usage_add(s, -1);
 	s->cow = false;
 	return 0;
 }
 
-/* publish block @i of the sequence, whose key is @key */
-static void publish(struct kva_seq *s, size_t i, const uint64_t key[2])
+/*
+ * kva__publish_block - publish block @id, which we hold exclusively, under
+ * @key (@info: the index's parent and depth hints; @depth: the eviction
+ * hint's). @backing: where a copy of these bytes already is below (a fetched
+ * block: the record it came from), or 0. true: it is SHARED|PUB with us its
+ * one holder (held 1); false: still ours alone (a duplicate, or no room).
+ */
+bool kva__publish_block(struct kva_worker *w, uint32_t id, const uint64_t key[2], uint64_t info,
+			uint32_t depth, uint64_t backing)
 {
-	struct kva_worker *w = s->w;
 	struct kva_arena *a = w->arena;
-	uint32_t id = s->ids[i];
-	uint64_t d, pos, info;
+	uint64_t d, pos, twin_loc;
 	uint32_t uses;
 	int ret;
 
-	if (w->c.held[id] != KVA__HELD_EXCL)
-		return; /* a block shared by fork before it was full: stays private */
 	/* ours alone: nobody else writes its descriptor, so it cannot move */
 	d = atomic_load_explicit(&w->desc[id], memory_order_relaxed);
-	info = (i ? (uint64_t)s->ids[i - 1] + 1 : 0) | ((uint64_t)i << 32);
 	if (!kva__publish_room(w, id)) {
-		sc_add(w, KVA__SC_INDEX_FULL, 1);
-		return;
+		kva__sc_add(w, KVA__SC_INDEX_FULL, 1);
+		return false;
 	}
 	KVA__CRASH_POINT(KVA__CP_PUBLISH_COUNTED);
-	ret = kva__index_insert(w, key, id, kva__d_epoch(d), info, &pos, &uses);
+	ret = kva__index_insert(w, key, id, kva__d_epoch(d), info, &pos, &uses, &twin_loc);
 	if (ret < 0) {
 		kva__publish_done(w, false);
-		sc_add(w, ret == -EEXIST ? KVA__SC_DUPLICATES : KVA__SC_INDEX_FULL, 1);
-		return;
+		kva__sc_add(w, ret == -EEXIST ? KVA__SC_DUPLICATES : KVA__SC_INDEX_FULL, 1);
+		return false;
 	}
 	KVA__CRASH_POINT(KVA__CP_PUBLISH_INDEXED);
-	/* a key evicted not long ago and wanted again counts as used before */
+	/* a key evicted not long ago and wanted again counts as used before;
+	 * a key whose copy below we took over from its spilled ghost keeps
+	 * that copy as this block's (the same key: the same bytes) */
+	if (!backing)
+		backing = twin_loc;
 	kva__hint_publish(a, id, key, atomic_load_explicit(&a->pool->tick, memory_order_relaxed),
-			  (uint32_t)i, uses, pos);
+			  depth, uses, pos, backing);
 	/* release: the block's bytes and its meta (its key) before any
 	 * matcher's acquire */
 	atomic_store_explicit(&w->desc[id],
@@ -496,7 +509,21 @@ static void publish(struct kva_seq *s, size_t i, const uint64_t key[2])
 			      memory_order_release);
 	kva__publish_done(w, true);
 	w->c.held[id] = 1;
-	sc_add(w, KVA__SC_PUBLISHED, 1);
+	kva__sc_add(w, KVA__SC_PUBLISHED, 1);
+	if (!backing && atomic_load_explicit(&a->pool->tiers, memory_order_relaxed))
+		kva__spill_mark(w, id);
+	return true;
+}
+
+/* publish block @i of the sequence, whose key is @key */
+static void publish(struct kva_seq *s, size_t i, const uint64_t key[2])
+{
+	uint32_t id = s->ids[i];
+
+	if (s->w->c.held[id] != KVA__HELD_EXCL)
+		return; /* a block shared by fork before it was full: stays private */
+	kva__publish_block(s->w, id, key, (i ? (uint64_t)s->ids[i - 1] + 1 : 0) | ((uint64_t)i << 32),
+			   (uint32_t)i, 0);
 }
 
 int kva_seq_append(struct kva_seq *s, const int32_t *tokens, size_t n)
@@ -506,6 +533,9 @@ int kva_seq_append(struct kva_seq *s, const int32_t *tokens, size_t n)
 
 	if (!s || (n && !tokens))
 		return kva__err(-EINVAL, "seq_append: NULL argument");
+	if (s->fetch)
+		return kva__err(-EBUSY, "seq_append: a fetch is in flight (wait for it or cancel "
+				"it)");
 	if ((ret = kva__worker_check_live(s->w)) < 0)
 		return ret;
 	if (!n)
@@ -514,7 +544,7 @@ int kva_seq_append(struct kva_seq *s, const int32_t *tokens, size_t n)
 		return kva__err(-EFBIG, "append: %zu tokens", n);
 	if ((ret = reserve_blocks(s, s->n_tokens + n)) < 0)
 		return ret;
-	bt = btok(s);
+	bt = kva__btok(s);
 	if (s->cow && s->n_tokens % bt && (ret = unshare_partial(s)) < 0)
 		return ret;
 	s->cow = false;
@@ -542,36 +572,41 @@ int kva_seq_fork(struct kva_seq *s, struct kva_seq **child)
 
 	if (!s || !child)
 		return kva__err(-EINVAL, "seq_fork: NULL argument");
+	if (s->fetch)
+		return kva__err(-EBUSY, "seq_fork: a fetch is in flight (wait for it or cancel it)");
 	if ((ret = kva__worker_check_live(s->w)) < 0)
 		return ret;
 	used = blocks_for(s, s->n_tokens);
-	if (s->n_tokens % btok(s) && !s->w->arena->data)
+	if (s->n_tokens % kva__btok(s) && !s->w->arena->data)
 		return kva__err(-ENOTSUP, "seq_fork: the partial block cannot be copied here");
-	if ((ret = quota_take(s, used)) < 0)
+	if ((ret = kva__quota_take(s, used)) < 0)
 		return ret;
 	c = malloc(sizeof(*c));
 	if (!c) {
-		usage_add(s, -(int64_t)used);
+		kva__usage_add(s, -(int64_t)used);
 		return kva__err(-ENOMEM, "seq_fork: out of memory");
 	}
 	*c = *s;
+	c->below = NULL;
+	c->n_below = c->below_cap = 0;
+	c->fetch = NULL;
 	c->ids = NULL;
 	c->cap = 0;
 	c->n_blocks = 0;
-	c->part = malloc(sizeof(int32_t) * btok(s));
-	if (!c->part || (ret = table_room(c, used ? used : 1)) < 0 ||
+	c->part = malloc(sizeof(int32_t) * kva__btok(s));
+	if (!c->part || (ret = kva__table_room(c, used ? used : 1)) < 0 ||
 	    (used && (ret = kva_share(s->w, s->ids, (uint32_t)used)) < 0)) {
 		free(c->part);
 		free(c->ids);
 		free(c);
-		usage_add(s, -(int64_t)used); /* s's kind and tenant are c's */
+		kva__usage_add(s, -(int64_t)used); /* s's kind and tenant are c's */
 		return ret < 0 ? ret : kva__err(-ENOMEM, "seq_fork: out of memory");
 	}
-	memcpy(c->part, s->part, sizeof(int32_t) * btok(s));
+	memcpy(c->part, s->part, sizeof(int32_t) * kva__btok(s));
 	memcpy(c->ids, s->ids, used * sizeof(*s->ids));
 	c->n_blocks = used;
 	u32_add(&s->w->slot->open_seqs, 1);
-	s->cow = c->cow = s->n_tokens % btok(s) != 0;
+	s->cow = c->cow = s->n_tokens % kva__btok(s) != 0;
 	*child = c;
 	return 0;
 }
@@ -597,6 +632,8 @@ void kva_seq_close(struct kva_seq *s)
 	if (!s)
 		return;
 	w = s->w;
+	if (s->fetch)
+		kva__fetch_abandon(s);
 	if (kva__worker_check_live(w) == 0) {
 		struct kva_arena *a = w->arena;
 		uint64_t tick = atomic_fetch_add_explicit(&a->pool->tick, 1, memory_order_relaxed) + 1;
@@ -607,10 +644,11 @@ void kva_seq_close(struct kva_seq *s)
 			kva__hint_touch(a, s->ids[i], tick, false);
 		if (s->n_blocks)
 			kva_free(w, s->ids, (uint32_t)s->n_blocks);
-		usage_add(s, -(int64_t)s->n_blocks);
+		kva__usage_add(s, -(int64_t)s->n_blocks);
 		u32_add(&w->slot->open_seqs, -1);
 	}
 	free(s->ids);
 	free(s->part);
+	free(s->below);
 	free(s);
 }

@@ -287,7 +287,7 @@ static void test_a_disallowed_uid_is_refused(void **state)
 
 /* a raw connection: send @m (its own length), read the answer */
 static int raw_exchange(const char *sock, const void *m, size_t len, union kva__msg *answer,
-			int fds[2], int *nfds)
+			int fds[KVA__MAX_FDS], int *nfds)
 {
 	char buf[sizeof(union kva__msg)];
 	int fd, n;
@@ -304,7 +304,7 @@ static void test_a_hello_with_a_lying_pid_is_refused(void **state)
 {
 	struct tu_agent ag;
 	union kva__msg m, answer;
-	int fds[2], nfds, fd;
+	int fds[KVA__MAX_FDS], nfds, fd;
 
 	(void)state;
 	start(&ag, NULL);
@@ -326,7 +326,7 @@ static void test_malformed_and_foreign_hellos_close_only_their_connection(void *
 	union kva__msg m, answer;
 	char junk[5] = "junk";
 	uint32_t ids[10];
-	int fds[2], nfds, fd;
+	int fds[KVA__MAX_FDS], nfds, fd;
 
 	(void)state;
 	start(&ag, NULL);
@@ -394,7 +394,7 @@ static void test_a_reservation_never_adopted_is_taken_back(void **state)
 	struct kva_arena *a;
 	union kva__msg m, answer;
 	enum kva_slot_state s;
-	int fds[2], nfds, fd, k;
+	int fds[KVA__MAX_FDS], nfds, fd, k;
 
 	(void)state;
 	start(&ag, NULL);

@@ -389,7 +389,7 @@ static int answer(int fd, int ms)
 {
 	char buf[sizeof(union kva__msg)];
 	union kva__msg m;
-	int fds[2], nfds, n = kva__sock_recv(fd, buf, sizeof(buf), fds, &nfds, ms);
+	int fds[KVA__MAX_FDS], nfds, n = kva__sock_recv(fd, buf, sizeof(buf), fds, &nfds, ms);
 
 	while (n >= 0 && nfds)
 		close(fds[--nfds]);

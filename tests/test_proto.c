@@ -88,6 +88,11 @@ static void test_every_well_formed_message_decodes_to_itself(void **state)
 		m.welcome.slot = KVA_MAX_WORKERS - 1;
 		m.welcome.flags = 0;
 		assert_int_equal(kva__msg_decode(&m, m.h.length, 2, &out), 0);
+		/* with the tiers' doorbell: three fds, and only with the flag */
+		assert_int_equal(kva__msg_decode(&m, m.h.length, 3, &out), -EPROTO);
+		m.welcome.flags = KVA__WELCOME_DOORBELL;
+		assert_int_equal(kva__msg_decode(&m, m.h.length, 3, &out), 0);
+		assert_int_equal(kva__msg_decode(&m, m.h.length, 2, &out), -EPROTO);
 	}
 }
 
@@ -250,7 +255,7 @@ static void test_messages_and_fds_cross_a_socket(void **state)
 {
 	union kva__msg m = good(KVA__MSG_WELCOME), out;
 	char buf[sizeof(union kva__msg)];
-	int sv[2], fds[2], got[2], nfds, n;
+	int sv[2], fds[KVA__MAX_FDS], got[KVA__MAX_FDS], nfds, n;
 	struct stat a, b;
 
 	(void)state;
@@ -279,12 +284,12 @@ static void test_socket_refuses_long_messages_and_extra_fds(void **state)
 {
 	char big[sizeof(union kva__msg) + 100], buf[sizeof(union kva__msg)];
 	union kva__msg m = good(KVA__MSG_BYE);
-	int sv[2], fds[3], got[2], nfds;
+	int sv[2], fds[KVA__MAX_FDS + 1], got[KVA__MAX_FDS], nfds;
 	struct msghdr msg = { 0 };
 	struct iovec iov;
 	union {
 		struct cmsghdr align;
-		char b[CMSG_SPACE(sizeof(int) * 3)];
+		char b[CMSG_SPACE(sizeof(int) * (KVA__MAX_FDS + 1))];
 	} ctl;
 	struct cmsghdr *c;
 
@@ -295,8 +300,8 @@ static void test_socket_refuses_long_messages_and_extra_fds(void **state)
 	assert_int_equal(kva__sock_recv(sv[1], buf, sizeof(buf), got, &nfds, 1000), -EPROTO);
 	assert_non_null(strstr(kva_errmsg(), "longer"));
 
-	/* three fds where at most two are ever sent: all closed, -EPROTO */
-	for (int k = 0; k < 3; k++)
+	/* one fd more than is ever sent: all closed, -EPROTO */
+	for (int k = 0; k < KVA__MAX_FDS + 1; k++)
 		fds[k] = memfd_create("x", MFD_CLOEXEC);
 	iov = (struct iovec){ &m, m.h.length };
 	msg.msg_iov = &iov;
@@ -311,9 +316,9 @@ static void test_socket_refuses_long_messages_and_extra_fds(void **state)
 	assert_int_equal(sendmsg(sv[0], &msg, 0), (ssize_t)m.h.length);
 	assert_int_equal(kva__sock_recv(sv[1], buf, sizeof(buf), got, &nfds, 1000), -EPROTO);
 	assert_int_equal(nfds, 0);
-	for (int k = 0; k < 3; k++)
+	for (int k = 0; k < KVA__MAX_FDS + 1; k++)
 		close(fds[k]);
-	assert_int_equal(kva__sock_send(sv[0], &m, fds, 3), -EINVAL);
+	assert_int_equal(kva__sock_send(sv[0], &m, fds, KVA__MAX_FDS + 1), -EINVAL);
 	close(sv[0]);
 	close(sv[1]);
 }

@@ -1,0 +1,64 @@
+/* SPDX-License-Identifier: MIT */
+/*
+ * host.c - the host tier's memory: one memfd the agent alone maps (workers
+ * never see it: what they get back is a verified copy), on huge pages when
+ * the system has them to give, else ordinary pages with transparent huge
+ * pages asked for, bound to a NUMA node with libnuma.
+ */
+#include <errno.h>
+#include <stdio.h>
+#include <string.h>
+#include <sys/mman.h>
+#include <unistd.h>
+
+#include "tiers_pvt.h"
+
+int host_mem_create(struct host_mem *h, uint64_t bytes, int32_t node, bool hugepages, char *err,
+		    size_t len)
+{
+	uint64_t mapped = 0;
+	void *p;
+	int ret = -1;
+
+	memset(h, 0, sizeof(*h));
+	h->fd = -1;
+	h->node = node;
+	if (hugepages)
+		ret = kva__region_create("kvarena-host-tier", bytes, true, &h->fd, &mapped);
+	h->hugetlb = ret == 0;
+	if (ret < 0 &&
+	    (ret = kva__region_create("kvarena-host-tier", bytes, false, &h->fd, &mapped)) < 0) {
+		snprintf(err, len, "host tier: a memfd of %llu bytes: %s",
+			 (unsigned long long)bytes, ret == -EFBIG ? kva_errmsg() : strerror(-ret));
+		return ret;
+	}
+	if ((ret = kva__region_map(h->fd, mapped, false, &p)) < 0) {
+		snprintf(err, len, "host tier: mapping %llu bytes: %s", (unsigned long long)mapped,
+			 strerror(-ret));
+		close(h->fd);
+		h->fd = -1;
+		return ret;
+	}
+	h->base = p;
+	h->bytes = mapped;
+	if (!h->hugetlb)
+		madvise(p, mapped, MADV_HUGEPAGE); /* a hint: shmem THP may be off */
+	if (node >= 0 && (ret = kva__region_bind_node(p, mapped, node)) < 0) {
+		snprintf(err, len, "host tier: binding %llu bytes to NUMA node %d: %s",
+			 (unsigned long long)mapped, node,
+			 ret == -EINVAL ? "no such node" : strerror(-ret));
+		host_mem_destroy(h);
+		return ret;
+	}
+	return 0;
+}
+
+void host_mem_destroy(struct host_mem *h)
+{
+	if (h->base)
+		munmap(h->base, h->bytes);
+	if (h->fd >= 0)
+		close(h->fd);
+	h->base = NULL;
+	h->fd = -1;
+}

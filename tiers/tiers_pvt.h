@@ -1,0 +1,212 @@
+/* SPDX-License-Identifier: MIT */
+/*
+ * tiers_pvt.h - the tier room's insides: the record format (record.c), the
+ * host tier's memory (host.c), the disk tier's file and io_uring (disk.c),
+ * and the thread that runs them (engine.c).
+ *
+ * A record is the same bytes in both tiers, so that moving one down a tier
+ * is one write of those bytes:
+ *
+ *   [0, 4096)            header: struct tier_rec_hdr, then zeros
+ *   [4096, 4096 + data)  the block's bytes in canonical order: every
+ *                        (layer, K/V) page in turn, then their int8 scales
+ *                        (a block-major block as it lies; a layer-major
+ *                        block gathered), zero-padded to 4096
+ *
+ * The header carries the key, the geometry's fingerprint, the length, an
+ * XXH3-64 of the data and one of itself. Nothing is served before both
+ * verify against what the request asked for.
+ *
+ * The disk tier's file: a superblock in [0, 4096) (struct tier_super),
+ * then records of record_bytes each, slot i at 4096 + i * record_bytes.
+ */
+#ifndef KVA_TIERS_PVT_H
+#define KVA_TIERS_PVT_H
+
+#include <liburing.h>
+#include <pthread.h>
+#include <stdatomic.h>
+#include <stdbool.h>
+#include <stdint.h>
+#include <sys/uio.h>
+
+#include "prefix_pvt.h"
+#include "tiers.h"
+
+#define TIER_ALIGN 4096u
+#define TIER_HDR_BYTES 4096u
+#define TIER_REC_MAGIC 0x31434552415641ebull /* a record */
+#define TIER_SUPER_MAGIC 0x3152454954415641ull /* "AVATIER1" little-endian */
+#define TIER_FORMAT 1u
+#ifndef RWF_DONTCACHE
+#define RWF_DONTCACHE 0x00000080 /* uncached buffered I/O, Linux 6.14 */
+#endif
+
+struct tier_rec_hdr {
+	uint64_t magic;
+	uint32_t format, hdr_bytes;
+	uint64_t fingerprint;   /* tier_fingerprint() of the arena that wrote it */
+	uint64_t key[2];
+	uint64_t length;        /* data bytes (the block's bytes) */
+	uint64_t data_hash;     /* XXH3-64 of the data */
+	uint64_t seq;           /* the writer's order: the newer of two wins at restart */
+	uint64_t hdr_hash;      /* XXH3-64 of the fields above */
+};
+
+struct tier_super {
+	uint64_t magic;
+	uint32_t format, super_bytes;
+	uint64_t fingerprint, record_bytes, records, data_off;
+	char arena[32];
+	uint64_t hash;          /* XXH3-64 of the fields above */
+};
+
+/* record.c */
+uint64_t tier_fingerprint(const struct kva_arena_info *info);
+void tier_hdr_fill(struct tier_rec_hdr *h, uint64_t fp, const uint64_t key[2], uint64_t length,
+		   uint64_t data_hash, uint64_t seq);
+/* 0, or why @h is not a record of @fp (for @key, if not NULL) of @length */
+const char *tier_hdr_check(const struct tier_rec_hdr *h, uint64_t fp, const uint64_t *key,
+			   uint64_t length);
+/* a block's pieces in canonical order: (offset in the data region, bytes) */
+struct tier_piece {
+	uint64_t off, len;
+};
+/* the pieces of one block; returns their count (at most tier_pieces_max) */
+uint32_t tier_pieces(const struct kva_arena_info *info, uint32_t block, struct tier_piece *p);
+uint32_t tier_pieces_max(const struct kva_arena_info *info);
+/* copy block @id's bytes to @dst, and their hash; from @src, checking theirs */
+uint64_t tier_gather(struct kva_arena *a, uint32_t id, uint8_t *dst);
+bool tier_scatter(struct kva_arena *a, uint32_t id, const uint8_t *src, uint64_t hash);
+/* the hash of block @id's bytes where they lie */
+uint64_t tier_hash_block(struct kva_arena *a, uint32_t id);
+void tier_super_fill(struct tier_super *s, uint64_t fp, uint64_t record_bytes, uint64_t records,
+		     const char *arena);
+const char *tier_super_check(const struct tier_super *s);
+
+/* fault injection (engine.c parses it; disk.c applies it) */
+enum { INJ_WRITE_EIO, INJ_READ_EIO, INJ_WRITE_SHORT, INJ_READ_SHORT, INJ_WRITE_ENOSPC, INJ_N };
+struct tier_inject {
+	uint64_t from[INJ_N];   /* 0: off; else from the Nth operation on */
+	bool nodirect;
+	bool any;
+};
+int tier_inject_parse(const char *spec, struct tier_inject *inj, char *err, size_t len);
+
+/* The agent's own truth about one record slot. */
+enum { R_FREE = 0, R_VALID, R_WRITING, R_DEAD /* invalid: freed when its users are done */ };
+struct tier_rec {
+	uint64_t key[2];
+	uint64_t seq;
+	uint32_t gen;           /* KVA__LOC_GEN_MASK bits used */
+	uint8_t state;
+	uint8_t ref;            /* clock: used since the hand last passed */
+	uint16_t users;         /* I/O in flight that reads (disk: fetches) or
+				 * writes from (host: demotions) this record */
+	uint32_t next_free;
+};
+
+/* One tier's private bookkeeping and counters. */
+#define TIER_HIST 512
+struct tier {
+	bool on;
+	struct tier_rec *rec;
+	uint32_t n, used, hand, free_head;
+	uint64_t record_bytes;
+	/* counters, copied to the arena's tier view */
+	uint64_t hits, records_in, bytes_in, bytes_out, io_errors, verify_failed, stale, dropped;
+	uint64_t hist[TIER_HIST];   /* fetch latencies, log-linear buckets */
+	bool degraded;
+	uint64_t degraded_since, retry_at;
+	char reason[96];
+};
+
+/* host.c */
+struct host_mem {
+	uint8_t *base;
+	uint64_t bytes;
+	int fd;
+	bool hugetlb;
+	int32_t node;
+};
+int host_mem_create(struct host_mem *h, uint64_t bytes, int32_t node, bool hugepages,
+		    char *err, size_t len);
+void host_mem_destroy(struct host_mem *h);
+
+/* disk.c: the file and its ring. An operation in flight: */
+enum { OP_DEMOTE = 1, OP_FETCH, OP_SCAN };
+struct disk_op {
+	uint8_t kind;
+	bool staged;                 /* OP_FETCH: read whole into staging, then copied */
+	uint32_t next_free;
+	uint32_t rec;                /* the disk record slot read or written */
+	uint32_t host_rec;           /* OP_DEMOTE: the host record written from */
+	uint32_t gen;                /* OP_DEMOTE: the disk record's new generation */
+	uint64_t expect;             /* bytes the operation must move */
+	/* OP_FETCH: the request being served */
+	uint32_t slot, item, ticket, dest;
+	uint64_t key[2], posted_ns, loc;
+	struct iovec *iov;           /* this op's own iovec array */
+	uint32_t niov;
+};
+struct disk {
+	int fd, dirfd;
+	char path[320];
+	bool direct, prealloc, dontcache;
+	uint32_t dio_mem, dio_off;
+	uint64_t records, record_bytes, data_off;
+	struct io_uring ring;
+	bool ring_ok;
+	int ring_efd;
+	uint32_t qd, inflight;
+	struct disk_op *ops;
+	uint32_t free_op;
+	struct iovec *regs;          /* the registered buffers: the host tier in pieces, staging */
+	uint32_t n_regs, host_regs;
+	uint8_t *staging;            /* qd x TIER_HDR_BYTES, then qd x record_bytes if needed */
+	uint64_t staging_bytes;
+	bool staged_reads;           /* the arena's pieces cannot take O_DIRECT reads */
+	uint64_t ops_done[INJ_N];
+	struct tier_inject inj;
+	bool fresh;                  /* made new at start (no records of an earlier run) */
+	uint64_t old_records;        /* records of the earlier run to scan */
+};
+
+int disk_open(struct disk *d, const struct tier_config *c, const struct kva_arena_info *info,
+	      uint64_t fp, char *err, size_t len);
+int disk_ring(struct disk *d, const struct host_mem *h, const struct kva_arena_info *info,
+	      char *err, size_t len);
+void disk_close(struct disk *d);
+
+/* the engine (engine.c) */
+struct tiers {
+	struct tier_config cfg;
+	struct kva_arena *a;
+	struct kva_worker *self;
+	const struct kva_arena_info *info;
+	uint64_t fp, seq;
+	struct tier t[KVA_TIERS];    /* host, disk */
+	struct host_mem host;
+	struct disk disk;
+	int doorbell, ep, tfd;
+	pthread_t thread;
+	_Atomic bool stop;
+	bool started;
+	/* blocks we hold and could not let go of (our slot word scribbled):
+	 * retried each round */
+	uint32_t *unreleased;
+	uint32_t n_unreleased, cap_unreleased;
+	uint64_t backed, back_skipped, fetch_requests, fetch_failed, doorbells;
+	uint64_t scan_next, scan_done, restart_found, restart_dropped;
+	bool warming;
+	uint64_t last_view;
+	struct tier_piece *pieces;   /* scratch for one block's pieces */
+	uint32_t pieces_max;
+	uint32_t demoting;           /* demotion writes in flight */
+	bool probe_inflight;         /* the one write a degraded disk tier tries */
+};
+
+void tier_log(int level, const char *fmt, ...) __attribute__((format(printf, 2, 3)));
+enum { TLOG_ERR = 0, TLOG_WARN = 1, TLOG_INFO = 2, TLOG_DEBUG = 3 };
+
+#endif /* KVA_TIERS_PVT_H */
