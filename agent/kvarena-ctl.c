@@ -28,6 +28,15 @@
  *             "tenants":[{"tenant","blocks","used"}]}}
  *   seqs     one object a worker: {"slot","name","pid","open_seqs","inference",
  *             "training","pinned","hits","misses","published","evictions"}
+ *   tiers    {"host":{TIER,"numa_node","hugetlb"},"disk":{TIER,"path","direct",
+ *             "preallocated","queue_depth","warming","scan_done","scan_total",
+ *             "restart_found","restart_dropped"},"backed","back_skipped",
+ *             "unbacked_evictions","below_found","fetched","fetch_failed",
+ *             "fetch_requests","spilled_host","spilled_disk"}, TIER being
+ *             "enabled","degraded","degraded_ms","reason","capacity_records",
+ *             "used_records","record_bytes","capacity_bytes","used_bytes",
+ *             "hits","records_in","bytes_in","bytes_out","fetch_p50_us",
+ *             "fetch_p99_us","io_errors","verify_failed","stale","dropped"
  * status also has "prefix_cached_blocks", "prefix_hits", "prefix_misses",
  * "evictions", "evict_policy", "repairs", "last_repair" and "reclaims_pending".
  * Names come from shared memory, which any worker can write: bytes that are
@@ -72,6 +81,9 @@ static void usage(FILE *f)
 "  prefix            the prefix index and cache: occupancy, hits, misses,\n"
 "                    evictions, usage by owner kind, quotas\n"
 "  seqs              sequences per worker: open, blocks held, hits, misses\n"
+"  tiers             the tiers below the arena (host memory, disk): capacity,\n"
+"                    use, hits, bytes in and out, fetch latency, errors,\n"
+"                    degraded state, warm restart\n"
 "\n"
 "  --socket PATH     the agent's socket (default: $KVARENA_SOCKET, else %s)\n"
 "  --json            JSON objects, one per line\n",
@@ -114,7 +126,7 @@ static const char *clean(const char *in, char *out, size_t cap)
 }
 
 static const char *const agent_slot_state[] = { "free", "reserved", "attached", "joined",
-						"reclaim pending" };
+						"reclaim pending", "agent" };
 
 static int cmd_status(struct ctl *c)
 {
@@ -288,6 +300,8 @@ static int cmd_map(struct ctl *c)
 	add_str(legend, ".", "free");
 	add_str(legend, "#", "shared");
 	add_str(legend, "+", "cached prefix (published, no holder)");
+	add_str(legend, "v", "being copied below the arena (the agent's tier thread holds it)");
+	add_str(legend, "^", "being fetched from a tier below");
 	add_str(legend, "!", "corrupt or stale");
 	for (uint32_t s = 0; s < st.max_workers; s++) {
 		char key[2] = { kva_slot_char(s), 0 }, text[96];
@@ -493,6 +507,125 @@ static int cmd_check(struct ctl *c)
 	return print_json(o) || ret ? 1 : 0;
 }
 
+static struct json_object *tier_json(const struct kva_tier_stats *t, bool disk)
+{
+	struct json_object *o = json_object_new_object();
+	char buf[160];
+
+	json_object_object_add(o, "enabled", json_object_new_boolean(t->enabled));
+	json_object_object_add(o, "degraded", json_object_new_boolean(t->degraded));
+	add_u64(o, "degraded_ms", t->degraded_ms);
+	add_str(o, "reason", clean(t->reason, buf, sizeof(buf)));
+	add_u64(o, "capacity_records", t->capacity_records);
+	add_u64(o, "used_records", t->used_records);
+	add_u64(o, "record_bytes", t->record_bytes);
+	add_u64(o, "capacity_bytes", t->capacity_records * t->record_bytes);
+	add_u64(o, "used_bytes", t->used_records * t->record_bytes);
+	add_u64(o, "hits", t->hits);
+	add_u64(o, "records_in", t->records_in);
+	add_u64(o, "bytes_in", t->bytes_in);
+	add_u64(o, "bytes_out", t->bytes_out);
+	json_object_object_add(o, "fetch_p50_us", json_object_new_double(t->fetch_p50_ns / 1e3));
+	json_object_object_add(o, "fetch_p99_us", json_object_new_double(t->fetch_p99_ns / 1e3));
+	add_u64(o, "io_errors", t->io_errors);
+	add_u64(o, "verify_failed", t->verify_failed);
+	add_u64(o, "stale", t->stale);
+	add_u64(o, "dropped", t->dropped);
+	if (!disk) {
+		add_int(o, "numa_node", t->numa_node);
+		json_object_object_add(o, "hugetlb", json_object_new_boolean(t->hugetlb));
+		return o;
+	}
+	add_str(o, "path", clean(t->path, buf, sizeof(buf)));
+	json_object_object_add(o, "direct", json_object_new_boolean(t->direct));
+	json_object_object_add(o, "preallocated", json_object_new_boolean(t->preallocated));
+	add_u64(o, "queue_depth", t->queue_depth);
+	json_object_object_add(o, "warming", json_object_new_boolean(t->warming));
+	add_u64(o, "scan_done", t->scan_done);
+	add_u64(o, "scan_total", t->scan_total);
+	add_u64(o, "restart_found", t->restart_found);
+	add_u64(o, "restart_dropped", t->restart_dropped);
+	return o;
+}
+
+static void tier_line(const char *name, const struct kva_tier_stats *t)
+{
+	char buf[160];
+
+	if (!t->enabled) {
+		printf("%-5s off\n", name);
+		return;
+	}
+	printf("%-5s %-9s %8llu/%-8llu %9.1f/%-9.1f %9llu %10.1f %10.1f %8.0f %8.0f %7llu %7llu "
+	       "%7llu\n", name, t->degraded ? "DEGRADED" : t->warming ? "warming" : "ok",
+	       (unsigned long long)t->used_records, (unsigned long long)t->capacity_records,
+	       (double)(t->used_records * t->record_bytes) / (1 << 20),
+	       (double)(t->capacity_records * t->record_bytes) / (1 << 20),
+	       (unsigned long long)t->hits, (double)t->bytes_in / (1 << 20),
+	       (double)t->bytes_out / (1 << 20), t->fetch_p50_ns / 1e3, t->fetch_p99_ns / 1e3,
+	       (unsigned long long)t->io_errors, (unsigned long long)t->verify_failed,
+	       (unsigned long long)t->dropped);
+	if (t->degraded || t->reason[0])
+		printf("      %s %s\n", t->degraded ? "degraded:" : "last error:",
+		       clean(t->reason, buf, sizeof(buf)));
+}
+
+static int cmd_tiers(struct ctl *c)
+{
+	struct kva_tiers_stats st;
+	const struct kva_tier_stats *h = &st.tier[KVA_TIER_HOST], *d = &st.tier[KVA_TIER_DISK];
+	struct json_object *o;
+	char buf[160];
+
+	if (kva_arena_tier_stats(c->a, &st) < 0)
+		return 1;
+	if (!c->json) {
+		if (!h->enabled && !d->enabled) {
+			printf("no tiers below the arena (kvarena-agent --host-bytes, --disk-dir)\n");
+			return 0;
+		}
+		printf("tier  state      records used/cap    MiB used/cap     hits     MiB in    MiB out "
+		       "  p50 us   p99 us  errors  verify dropped\n");
+		tier_line("host", h);
+		tier_line("disk", d);
+		if (h->enabled)
+			printf("host: NUMA node %d, %s\n", h->numa_node,
+			       h->hugetlb ? "huge pages" : "ordinary pages");
+		if (d->enabled) {
+			printf("disk: %s, %s I/O, %s, queue depth %u\n", clean(d->path, buf, sizeof(buf)),
+			       d->direct ? "O_DIRECT" : "buffered (no O_DIRECT on this file system)",
+			       d->preallocated ? "preallocated" : "sparse", d->queue_depth);
+			if (d->warming || d->restart_found || d->restart_dropped)
+				printf("disk: warm restart: %llu of %llu records scanned, %llu found, %llu "
+				       "dropped\n", (unsigned long long)d->scan_done,
+				       (unsigned long long)d->scan_total,
+				       (unsigned long long)d->restart_found,
+				       (unsigned long long)d->restart_dropped);
+		}
+		printf("blocks copied below %llu (not copied: %llu gone first; %llu evicted before a "
+		       "copy); found below by matches %llu, fetched %llu, failed %llu; index entries "
+		       "naming a copy: host %llu, disk %llu\n", (unsigned long long)st.backed,
+		       (unsigned long long)st.back_skipped, (unsigned long long)st.unbacked_evictions,
+		       (unsigned long long)st.below_found, (unsigned long long)st.fetched,
+		       (unsigned long long)st.fetch_failed, (unsigned long long)st.spilled_host,
+		       (unsigned long long)st.spilled_disk);
+		return 0;
+	}
+	o = json_object_new_object();
+	json_object_object_add(o, "host", tier_json(h, false));
+	json_object_object_add(o, "disk", tier_json(d, true));
+	add_u64(o, "backed", st.backed);
+	add_u64(o, "back_skipped", st.back_skipped);
+	add_u64(o, "unbacked_evictions", st.unbacked_evictions);
+	add_u64(o, "below_found", st.below_found);
+	add_u64(o, "fetched", st.fetched);
+	add_u64(o, "fetch_failed", st.fetch_failed);
+	add_u64(o, "fetch_requests", st.fetch_requests);
+	add_u64(o, "spilled_host", st.spilled_host);
+	add_u64(o, "spilled_disk", st.spilled_disk);
+	return print_json(o);
+}
+
 static int number(const char *flag, const char *v, uint32_t max, uint32_t *out)
 {
 	char *end;
@@ -555,6 +688,7 @@ int main(int argc, char **argv)
 		{ "check", cmd_check },
 		{ "prefix", cmd_prefix },
 		{ "seqs", cmd_seqs },
+		{ "tiers", cmd_tiers },
 	};
 	struct ctl c = { 0 };
 	int ret;

@@ -183,6 +183,9 @@ int main(int argc, char **argv)
 		log_info("no worker caches: %u blocks are too few for one (1/64 of the arena, 8 "
 			 "at least); every allocation goes to the shared pool", info->blocks);
 	if (agent_tiers_on(&c)) {
+		/* tests only: faults on purpose in the disk tier's I/O (said loudly
+		 * in the log when set) */
+		c.tiers.inject = getenv("KVA_TIER_INJECT");
 		if (start_tiers(&c, a, &self, &tiers) < 0) {
 			kva_arena_close(a);
 			return 1;

@@ -246,7 +246,7 @@ int kva_arena_agent_report(const struct kva_arena *a, struct kva_agent_report *r
 		uint32_t st = (uint32_t)(w0 >> 56);
 
 		/* never trust a word from shared memory to be in range */
-		r->slots[s].state = st <= KVA_AGENT_SLOT_RECLAIM_PENDING ? st : KVA_AGENT_SLOT_FREE;
+		r->slots[s].state = st <= KVA_AGENT_SLOT_AGENT ? st : KVA_AGENT_SLOT_FREE;
 		r->slots[s].generation = (uint32_t)(w0 >> 32) & KVA__S_GEN_MASK;
 		r->slots[s].pid = (int32_t)(uint32_t)w0;
 		r->slots[s].uid = (uint32_t)(w1 >> 32);

@@ -511,6 +511,19 @@ static inline uint32_t kva__f_ticket(uint32_t w) { return w & KVA__F_TICKET_MASK
 enum { KVA__FR_OK = 0, KVA__FR_STALE = 1, KVA__FR_IO = 2, KVA__FR_VERIFY = 3, KVA__FR_DEST = 4,
        KVA__FR_DEGRADED = 5, KVA__FR_BAD = 6 };
 
+/*
+ * A request's block carries the request in its meta (bmeta.key: the key
+ * asked for; bmeta.backing: this tag, never a location), written by the
+ * requester before it shares the block for the agent; the agent writes
+ * into a block only if its meta names the very request it serves. A
+ * request of an earlier life of the slot, served late, finds another tag
+ * (the ticket has the generation in it), whatever the block's epoch says.
+ */
+static inline uint64_t kva__fetch_tag(uint32_t slot, uint32_t ticket)
+{
+	return 1ull << 63 | (uint64_t)(slot & 0xff) << 32 | (ticket & KVA__F_TICKET_MASK);
+}
+
 struct kva__fitem {
 	_Atomic uint32_t state;
 	_Atomic uint32_t dest;

@@ -99,13 +99,25 @@ char kva_slot_char(uint32_t slot)
 	return slot < KVA_MAX_WORKERS ? chars[slot] : '?';
 }
 
-/* Map classes: one per slot, then these. */
-enum { CLS_FREE = KVA_MAX_WORKERS, CLS_SHARED, CLS_CACHED, CLS_BAD, CLS_N };
+/* Map classes: one per slot, then these. DEMOTING: a published block the
+ * agent holds (its tier thread copying it below); FETCHING: the destination
+ * of a fetch request, its meta naming the request (kva__fetch_tag). */
+enum { CLS_FREE = KVA_MAX_WORKERS, CLS_SHARED, CLS_CACHED, CLS_DEMOTING, CLS_FETCHING, CLS_BAD,
+       CLS_N };
 
-static unsigned classify(uint64_t d, uint64_t joined, uint32_t max_workers)
+static unsigned classify(struct kva_arena *a, uint32_t id, uint64_t d, uint64_t joined,
+			 uint64_t agent_bit)
 {
+	uint32_t max_workers = a->max_workers;
 	uint64_t p = kva__d_payload(d);
 
+	if (kva__d_kind(d) == KVA__D_SHARED && p && !(p & ~joined)) {
+		if (!(d & KVA__D_PUB) &&
+		    atomic_load_explicit(&a->bmeta[id].backing, memory_order_relaxed) >> 63)
+			return CLS_FETCHING;
+		if ((d & KVA__D_PUB) && (p & agent_bit))
+			return CLS_DEMOTING;
+	}
 	if ((d & KVA__D_FLAGS_MASK) && kva__d_kind(d) != KVA__D_SHARED &&
 	    kva__d_kind(d) != KVA__D_CACHED)
 		return CLS_BAD;
@@ -131,28 +143,35 @@ static char class_char(unsigned c)
 	       : c == CLS_FREE	   ? '.'
 	       : c == CLS_SHARED   ? '#'
 	       : c == CLS_CACHED   ? '+'
+	       : c == CLS_DEMOTING ? 'v'
+	       : c == CLS_FETCHING ? '^'
 				   : '!';
 }
 
 int kva_arena_map(struct kva_arena *a, char *buf, size_t len, uint32_t cells)
 {
-	uint64_t joined = 0;
+	uint64_t joined = 0, agent_bit = 0;
 
 	if (!a || !buf || !cells || len < (size_t)cells + 1)
 		return -EINVAL;
 	if (cells > a->blocks)
 		cells = a->blocks;
-	for (uint32_t s = 0; s < a->max_workers; s++)
+	for (uint32_t s = 0; s < a->max_workers; s++) {
 		if (kva__slot_joined(atomic_load_explicit(&a->slots[s].state, memory_order_acquire)))
 			joined |= 1ull << s;
+		/* the agent's own slot, as it reports it (a picture, not a decision) */
+		if (atomic_load_explicit(&a->pool->view.slot[s][0], memory_order_relaxed) >> 56 ==
+		    KVA_AGENT_SLOT_AGENT)
+			agent_bit |= 1ull << s;
+	}
 	for (uint32_t c = 0; c < cells; c++) {
 		uint32_t lo = (uint32_t)((uint64_t)a->blocks * c / cells);
 		uint32_t hi = (uint32_t)((uint64_t)a->blocks * (c + 1) / cells);
 		uint32_t count[CLS_N] = { 0 }, best = CLS_FREE;
 
 		for (uint32_t id = lo; id < hi; id++)
-			count[classify(atomic_load_explicit(&a->desc[id], memory_order_relaxed),
-				       joined, a->max_workers)]++;
+			count[classify(a, id, atomic_load_explicit(&a->desc[id], memory_order_relaxed),
+				       joined, agent_bit)]++;
 		for (unsigned k = 0; k < CLS_N; k++)
 			if (count[k] > count[best])
 				best = k;
@@ -185,7 +204,8 @@ int kva_arena_map_print(struct kva_arena *a, FILE *f, uint32_t width, uint32_t r
 	for (int off = 0; off < n; off += (int)width)
 		fprintf(f, "  %.*s\n", (int)width, map + off);
 	free(map);
-	fprintf(f, "  legend: . free  # shared  + cached prefix  ! corrupt or stale%s\n",
+	fprintf(f, "  legend: . free  # shared  + cached prefix  v being copied below  ^ being "
+		"fetched  ! corrupt or stale%s\n",
 		(uint32_t)n < a->blocks ? "  (one character per run of blocks, its most common state)"
 					: "");
 	for (uint32_t s = 0; s < a->max_workers; s++) {

@@ -218,7 +218,6 @@ static void post(struct kva_seq *s)
 			break; /* every item in use: the rest when some come back */
 		it = &fa->item[i];
 		b->item = i;
-		b->ticket = ticket_next(w, f);
 		atomic_store_explicit(&it->dest, b->dest, memory_order_relaxed);
 		atomic_store_explicit(&it->dest_epoch, b->dest_epoch, memory_order_relaxed);
 		atomic_store_explicit(&it->result, 0, memory_order_relaxed);
@@ -410,16 +409,25 @@ int kva_seq_fetch_start(struct kva_seq *s, size_t max_tokens)
 		return ret;
 	}
 	for (size_t j = 0; j < n; j++) {
+		struct kva__bmeta *m = &w->arena->bmeta[ids[j]];
 		uint64_t d = atomic_load_explicit(&w->desc[ids[j]], memory_order_relaxed);
+		uint32_t ticket = ticket_next(w, w->fetcher);
 
+		/* the request in the block's meta, which is ours to write while
+		 * we hold it alone (arena_pvt.h, kva__fetch_tag) */
+		atomic_store_explicit(&m->key[0], s->below[j].key[0], memory_order_relaxed);
+		atomic_store_explicit(&m->key[1], s->below[j].key[1], memory_order_relaxed);
+		atomic_store_explicit(&m->backing, kva__fetch_tag(w->slot_id, ticket),
+				      memory_order_relaxed);
 		/* ours alone, so a store: SHARED with our bit alone, which is
-		 * what the agent's join will insist on */
+		 * what the agent's join will insist on. release: the meta above
+		 * before the agent's acquire join */
 		atomic_store_explicit(&w->desc[ids[j]],
 				      kva__d_make(KVA__D_SHARED, kva__d_epoch(d), w->holder_bit),
 				      memory_order_release);
 		w->c.held[ids[j]] = 1;
 		ft->b[j] = (struct kva__fblk){ .dest = ids[j], .dest_epoch = (uint32_t)kva__d_epoch(d),
-					       .item = UINT32_MAX, .st = B_WAIT };
+					       .item = UINT32_MAX, .ticket = ticket, .st = B_WAIT };
 	}
 	free(ids);
 	ft->n = n;

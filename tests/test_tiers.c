@@ -335,6 +335,193 @@ static struct kva_worker *attach(const struct tu_agent *ag, const char *name)
 	return w;
 }
 
+/* the agent's log says nothing went wrong that should not have */
+static void assert_quiet(const struct tu_agent *ag)
+{
+	unsigned n = tu_agent_log_count(ag, "repaired:") + tu_agent_log_count(ag, "did not verify") +
+		     tu_agent_log_count(ag, "tier degraded");
+
+	if (n)
+		fail_msg("the agent's log has %u lines of repairs, failed checks or degraded tiers "
+			 "(%s)", n, ag->log);
+}
+
+static void rm_rf(const char *dir)
+{
+	char cmd[256];
+
+	snprintf(cmd, sizeof(cmd), "rm -rf '%s'", dir);
+	assert_int_equal(system(cmd), 0);
+}
+
+static void mkdir_tmp(char *dir, size_t len)
+{
+	snprintf(dir, len, "/var/tmp/kva-tiers-XXXXXX");
+	assert_non_null(mkdtemp(dir));
+}
+
+/*
+ * serve_doc - a request as an engine makes it: match, fetch what is below
+ * (within @timeout_ms, else cancel), check every byte attached, compute and
+ * publish the rest. Counts into @st.
+ */
+struct load {
+	_Atomic uint64_t requests, t1_blocks, host_blocks, disk_blocks, failed, bad, errors;
+};
+
+static void serve_doc(struct kva_worker *w, uint32_t d, uint32_t n, int timeout_ms,
+		      struct load *st)
+{
+	uint32_t bt = kva_arena_info(kva_worker_arena(w))->geometry.block_tokens;
+	uint64_t(*keys)[2] = calloc(n, sizeof(*keys));
+	int32_t *tok = doc_tokens(w, d, n, keys);
+	struct kva_fetch_result r = { 0 };
+	struct kva_match m;
+	struct kva_seq *s;
+	const uint32_t *ids;
+	size_t nb, nt;
+	int ret;
+
+	if (kva_seq_open(w, &seq_opts, &s) < 0) {
+		st->errors++;
+		goto out;
+	}
+	if (kva_seq_match_tiers(s, tok, (size_t)n * bt, &m) < 0) {
+		st->errors++;
+		goto close;
+	}
+	st->t1_blocks += m.tokens / bt;
+	if (m.below_tokens && kva_seq_fetch_start(s, 0) == 0) {
+		ret = kva_seq_fetch_wait(s, timeout_ms, &r);
+		if (ret == -ETIMEDOUT)
+			kva_seq_fetch_cancel(s, &r);
+		else if (ret < 0)
+			st->errors++;
+		st->host_blocks += r.host_blocks;
+		st->disk_blocks += r.disk_blocks;
+		st->failed += r.failed_blocks;
+	}
+	kva_seq_block_table(s, &ids, &nb, &nt);
+	for (size_t j = 0; j < nt / bt; j++)
+		if (!block_check(w, ids[j], keys[j]))
+			st->bad++;
+	/* the rest: computed (its bytes from its keys) and published */
+	if (nt < (size_t)n * bt && kva_seq_reserve(s, (size_t)n * bt - nt) == 0) {
+		kva_seq_block_table(s, &ids, &nb, &nt);
+		for (size_t j = nt / bt; j < n; j++)
+			block_fill(w, ids[j], keys[j]);
+		if (kva_seq_append(s, tok + nt, (size_t)n * bt - nt) < 0)
+			st->errors++;
+	}
+	st->requests++;
+close:
+	kva_seq_close(s);
+out:
+	free(tok);
+	free(keys);
+}
+
+/* the first record of the tier file at @path holding @key: its offset, or -1 */
+static off_t record_of(const char *path, const uint64_t key[2], uint64_t rec_bytes)
+{
+	int fd = open(path, O_RDONLY);
+	uint64_t hdr[6];
+	off_t off = -1;
+
+	assert_true(fd >= 0);
+	for (off_t o = 4096; pread(fd, hdr, sizeof(hdr), o) == sizeof(hdr); o += (off_t)rec_bytes)
+		/* magic, format|hdr_bytes, fingerprint, key[0], key[1] */
+		if (hdr[3] == key[0] && hdr[4] == key[1]) {
+			off = o;
+			break;
+		}
+	close(fd);
+	return off;
+}
+
+static void flip_byte(const char *path, off_t off)
+{
+	int fd = open(path, O_RDWR);
+	uint8_t b;
+
+	assert_true(fd >= 0);
+	assert_int_equal(pread(fd, &b, 1, off), 1);
+	b ^= 0x5a;
+	assert_int_equal(pwrite(fd, &b, 1, off), 1);
+	assert_int_equal(fsync(fd), 0);
+	/* out of the page cache too, so the agent's O_DIRECT read sees it */
+	posix_fadvise(fd, 0, 0, POSIX_FADV_DONTNEED);
+	close(fd);
+}
+
+static void tier_file(char *out, size_t len, const char *dir)
+{
+	snprintf(out, len, "%s/kvarena-kvarena.tier", dir);
+}
+
+/* publish @docs documents of @n blocks, each evicted after it is copied */
+static void publish_evict(const struct tu_agent *ag, struct kva_worker *w, uint32_t first,
+			  uint32_t docs, uint32_t n)
+{
+	uint64_t before = tier_stats(ag).backed;
+
+	for (uint32_t d = 0; d < docs; d++) {
+		publish_doc(w, first + d, n);
+		wait_backed(ag, before + (uint64_t)n * (d + 1));
+		evict_all(w);
+	}
+}
+
+/* wait until the disk tier holds @n records */
+static void wait_disk(const struct tu_agent *ag, uint64_t n)
+{
+	uint64_t t0 = now_ms();
+
+	while (tier_stats(ag).tier[KVA_TIER_DISK].used_records < n) {
+		if (now_ms() - t0 > 10000)
+			fail_msg("the disk tier holds %llu records, not %llu, after 10 s",
+				 (unsigned long long)tier_stats(ag).tier[KVA_TIER_DISK].used_records,
+				 (unsigned long long)n);
+		sleep_ms(10);
+	}
+}
+
+/* mount a file system of @type (@opts) on @dir; false if this machine will not */
+static bool mount_fs(const char *dir, const char *type, const char *opts)
+{
+	if (mount(type, dir, type, 0, opts) == 0)
+		return true;
+	print_message("      (cannot mount %s on %s: %s: fault injection stands in)\n", type, dir,
+		      strerror(errno));
+	return false;
+}
+
+/* the agent's tier view, until @cond holds of it (2 s at most) */
+#define wait_tiers(ag, ts, cond)                                  \
+	do {                                                      \
+		for (int k_ = 0; k_ < 200; k_++) {                \
+			ts = tier_stats(ag);                      \
+			if (cond)                                 \
+				break;                            \
+			sleep_ms(10);                             \
+		}                                                 \
+	} while (0)
+
+static void unmount(const char *dir)
+{
+	/* the kernel may still be letting go of the agent's file */
+	for (int k = 0; k < 100 && umount(dir) < 0; k++) {
+		assert_int_equal(errno, EBUSY);
+		sleep_ms(50);
+	}
+	umount2(dir, MNT_DETACH);
+}
+
+static void set_inject(void *arg)
+{
+	setenv("KVA_TIER_INJECT", arg, 1);
+}
+
 /* ------------------------------------------------------------ tests */
 
 /*
@@ -427,10 +614,523 @@ static void test_round_trip_every_dtype_and_layout(void **state)
 			round_trip(dtypes[d], layouts[l]);
 }
 
+
+/*
+ * Four processes serve requests over shared documents at once: matches in
+ * the arena and below, fetches from both tiers, evictions that spill, the
+ * host tier demoting to disk under them. Every byte attached is checked.
+ */
+static void test_four_processes_match_fetch_evict_and_demote(void **state)
+{
+	char dir[128];
+	struct setup s = { .host_bytes = "1M", .blocks = "96", .disk_bytes = "16M" };
+	struct tu_agent ag;
+	struct load *st = tu_shared_alloc(sizeof(*st));
+	pid_t pids[4];
+	struct kva_tiers_stats ts;
+
+	(void)state;
+	mkdir_tmp(dir, sizeof(dir));
+	s.disk_dir = dir;
+	start(&ag, &s);
+	for (int k = 0; k < 4; k++) {
+		pids[k] = tu_fork();
+		if (pids[k] == 0) {
+			struct kva_worker *w;
+			uint64_t rng = 0x1234567 + (uint64_t)k, t0 = now_ms();
+
+			if (kva_attach(ag.socket, "load", &w) < 0)
+				_exit(3);
+			while (now_ms() - t0 < 4000) {
+				uint32_t d = (uint32_t)(tu_rand(&rng) % 48);
+
+				serve_doc(w, 1000 + d, 4 + d % 5, 2000, st);
+			}
+			kva_detach(w);
+			_exit(0);
+		}
+	}
+	for (int k = 0; k < 4; k++) {
+		int status;
+
+		assert_int_equal(waitpid(pids[k], &status, 0), pids[k]);
+		assert_true(WIFEXITED(status) && WEXITSTATUS(status) == 0);
+	}
+	ts = tier_stats(&ag);
+	print_message("      %llu requests: %llu blocks matched in the arena, %llu fetched from "
+		      "host, %llu from disk, %llu not; disk holds %llu\n",
+		      (unsigned long long)st->requests, (unsigned long long)st->t1_blocks,
+		      (unsigned long long)st->host_blocks, (unsigned long long)st->disk_blocks,
+		      (unsigned long long)st->failed,
+		      (unsigned long long)ts.tier[KVA_TIER_DISK].used_records);
+	assert_int_equal(st->bad, 0);
+	assert_int_equal(st->errors, 0);
+	assert_true(st->host_blocks > 0);
+	assert_true(st->disk_blocks > 0);
+	assert_true(ts.tier[KVA_TIER_DISK].records_in > 0);
+	check_clean(&ag);
+	assert_quiet(&ag);
+	stop(&ag);
+	tu_agent_cleanup(&ag);
+	rm_rf(dir);
+	tu_shared_free(st, sizeof(*st));
+}
+
+/*
+ * I/O errors and short I/O (injected in the disk tier's completions): the
+ * tier says it is degraded (log, stats), what it cannot serve is a miss,
+ * the host tier and the arena go on.
+ */
+static void faulty_disk(const char *inject, bool reads)
+{
+	char dir[128];
+	struct setup s = { .host_bytes = "1M", .blocks = "64" };
+	struct tu_agent ag;
+	struct kva_worker *w;
+	struct kva_tiers_stats ts;
+	struct got g;
+	uint32_t served = 0, failed = 0;
+
+	mkdir_tmp(dir, sizeof(dir));
+	s.disk_dir = dir;
+	start_ex(&ag, &s, set_inject, (void *)inject);
+	assert_true(tu_agent_log_count(&ag, "TEST FAULT INJECTION ACTIVE") > 0);
+	w = attach(&ag, "worker");
+	publish_evict(&ag, w, 200, 8, 8);
+	for (uint32_t d = 0; d < 8; d++) {
+		g = get_doc(w, 200 + d, 8, 5000);
+		assert_int_equal(g.bad, 0);
+		served += g.r.host_blocks + g.r.disk_blocks;
+		failed += g.r.failed_blocks;
+		evict_all(w);
+	}
+	wait_tiers(&ag, ts, ts.tier[KVA_TIER_DISK].degraded);
+	if (!ts.tier[KVA_TIER_DISK].degraded || !ts.tier[KVA_TIER_DISK].io_errors)
+		fail_msg("%s: the disk tier is not degraded (%llu I/O errors)", inject,
+			 (unsigned long long)ts.tier[KVA_TIER_DISK].io_errors);
+	assert_true(tu_agent_log_count(&ag, "disk tier degraded") > 0);
+	assert_true(served > 0); /* the host tier serves on */
+	if (reads)
+		assert_true(failed > 0);
+	/* and the arena: allocation, publication, matching */
+	publish_doc(w, 300, 8);
+	g = get_doc(w, 300, 8, 1000);
+	assert_int_equal(g.m.tokens, 8 * 16);
+	kva_detach(w);
+	check_clean(&ag);
+	assert_int_equal(tu_agent_log_count(&ag, "repaired:"), 0);
+	stop(&ag);
+	tu_agent_cleanup(&ag);
+	rm_rf(dir);
+}
+
+static void test_io_errors_and_short_io_degrade_the_tier_and_nothing_else(void **state)
+{
+	(void)state;
+	faulty_disk("read-eio:1", true);
+	faulty_disk("read-short:1", true);
+	faulty_disk("write-eio:3", false);
+	faulty_disk("write-short:2", false);
+}
+
+/*
+ * A full file system, for real: a 1 MiB tmpfs under a 4 MiB disk tier. The
+ * preallocation fails and says so; writes fail with ENOSPC past the space;
+ * the tier is degraded; the rest goes on.
+ */
+static void test_a_full_file_system_degrades_the_disk_tier(void **state)
+{
+	char dir[128];
+	struct setup s = { .host_bytes = "1M", .blocks = "64", .disk_bytes = "4M" };
+	struct tu_agent ag;
+	struct kva_worker *w;
+	struct kva_tiers_stats ts;
+	bool mounted;
+
+	(void)state;
+	mkdir_tmp(dir, sizeof(dir));
+	mounted = mount_fs(dir, "tmpfs", "size=1m");
+	s.disk_dir = dir;
+	if (mounted)
+		start(&ag, &s);
+	else
+		start_ex(&ag, &s, set_inject, "write-enospc:8");
+	w = attach(&ag, "worker");
+	publish_evict(&ag, w, 400, 12, 8);
+	wait_tiers(&ag, ts, ts.tier[KVA_TIER_DISK].degraded);
+	if (mounted) {
+		assert_true(tu_agent_log_count(&ag, "preallocating") > 0);
+		assert_false(ts.tier[KVA_TIER_DISK].preallocated);
+	}
+	if (!ts.tier[KVA_TIER_DISK].degraded || !strstr(ts.tier[KVA_TIER_DISK].reason, "space"))
+		fail_msg("the disk tier is %s (%s)", ts.tier[KVA_TIER_DISK].degraded ? "degraded"
+						     : "not degraded", ts.tier[KVA_TIER_DISK].reason);
+	for (uint32_t d = 0; d < 12; d++)
+		assert_int_equal(get_doc(w, 400 + d, 8, 5000).bad, 0);
+	publish_doc(w, 499, 8);
+	assert_int_equal(get_doc(w, 499, 8, 1000).m.tokens, 8 * 16);
+	kva_detach(w);
+	check_clean(&ag);
+	stop(&ag);
+	tu_agent_cleanup(&ag);
+	if (mounted)
+		unmount(dir);
+	rm_rf(dir);
+}
+
+/*
+ * A byte flipped in a record on disk (its data, then another's header): the
+ * fetch serves the blocks before it, never that one, and the agent drops it.
+ */
+static void test_a_flipped_byte_on_disk_is_a_miss_never_served(void **state)
+{
+	char dir[128], file[192];
+	struct setup s = { .host_bytes = "1M", .blocks = "64" };
+	struct tu_agent ag;
+	struct kva_worker *w;
+	uint64_t keys[8][2], rec;
+	int32_t *tok;
+	struct got g;
+	int flipped = -1;
+
+	(void)state;
+	mkdir_tmp(dir, sizeof(dir));
+	s.disk_dir = dir;
+	start(&ag, &s);
+	w = attach(&ag, "worker");
+	publish_evict(&ag, w, 500, 10, 8);
+	wait_disk(&ag, 40);
+	rec = tier_stats(&ag).tier[KVA_TIER_DISK].record_bytes;
+	tier_file(file, sizeof(file), dir);
+	/* the first document with a block on disk: its first such block */
+	for (uint32_t d = 0; d < 10 && flipped < 0; d++) {
+		tok = doc_tokens(w, 500 + d, 8, keys);
+		free(tok);
+		for (int j = 1; j < 8 && flipped < 0; j++) {
+			off_t off = record_of(file, keys[j], rec);
+
+			if (off < 0)
+				continue;
+			/* a data byte; the earlier blocks must still be served */
+			flip_byte(file, off + 4096 + 1000);
+			flipped = j;
+			g = get_doc(w, 500 + d, 8, 5000);
+			if (g.bad || g.tokens / 16 > (size_t)j)
+				fail_msg("doc %u: a record with a flipped byte (block %d) was served: "
+					 "%zu tokens, %u bad", d, j, g.tokens, g.bad);
+			assert_true(g.r.failed_blocks >= 1);
+		}
+	}
+	assert_true(flipped > 0);
+	{
+		struct kva_tiers_stats ts;
+
+		wait_tiers(&ag, ts, ts.tier[KVA_TIER_DISK].verify_failed >= 1);
+		assert_true(ts.tier[KVA_TIER_DISK].verify_failed >= 1);
+	}
+	assert_true(tu_agent_log_count(&ag, "did not verify") >= 1);
+	kva_detach(w);
+	check_clean(&ag);
+	stop(&ag);
+	tu_agent_cleanup(&ag);
+	rm_rf(dir);
+}
+
+/*
+ * Workers killed (SIGKILL) in the middle of fetches, at every moment from
+ * posting to completion: reclaim stays exact, and once the agent is done
+ * with what it was writing, no block is held by anyone.
+ */
+static void test_a_worker_killed_during_a_fetch_loses_nothing(void **state)
+{
+	char dir[128];
+	struct setup s = { .host_bytes = "1M", .blocks = "64" };
+	struct tu_agent ag;
+	struct kva_worker *w;
+	struct kva_arena *obs;
+	struct kva_stats st;
+
+	(void)state;
+	mkdir_tmp(dir, sizeof(dir));
+	s.disk_dir = dir;
+	start(&ag, &s);
+	w = attach(&ag, "publisher");
+	publish_evict(&ag, w, 600, 6, 8);
+	kva_detach(w);
+	for (int round = 0; round < 24; round++) {
+		pid_t pid = tu_fork();
+		int status;
+
+		if (pid == 0) {
+			struct kva_worker *v;
+			uint64_t keys[8][2];
+			int32_t *tok;
+			struct kva_seq *q;
+			struct kva_match m;
+
+			if (kva_attach(ag.socket, "victim", &v) < 0)
+				_exit(3);
+			tok = doc_tokens(v, 600 + round % 6, 8, keys);
+			if (kva_seq_open(v, &seq_opts, &q) < 0 ||
+			    kva_seq_match_tiers(q, tok, 8 * 16, &m) < 0)
+				_exit(4);
+			if (m.below_tokens && kva_seq_fetch_start(q, 0) < 0)
+				_exit(5);
+			/* dead before, while or after the agent serves it */
+			if (round % 3)
+				usleep((useconds_t)(round * 97 % 900));
+			raise(SIGKILL);
+		}
+		assert_int_equal(waitpid(pid, &status, 0), pid);
+		assert_true(WIFSIGNALED(status) && WTERMSIG(status) == SIGKILL);
+	}
+	check_clean(&ag);
+	/* everything comes back: nobody holds a block */
+	obs = observe(&ag);
+	for (int k = 0; k < 200; k++) {
+		assert_int_equal(kva_arena_stats(obs, &st), 0);
+		if (!st.owned_blocks && !st.shared_blocks)
+			break;
+		sleep_ms(20);
+	}
+	if (st.owned_blocks || st.shared_blocks)
+		fail_msg("%u blocks owned, %u shared with no worker left", st.owned_blocks,
+			 st.shared_blocks);
+	kva_arena_close(obs);
+	assert_int_equal(tu_agent_log_count(&ag, "repaired:"), 0);
+	stop(&ag);
+	tu_agent_cleanup(&ag);
+	rm_rf(dir);
+}
+
+/*
+ * The agent killed (SIGKILL) while it demotes, then started again on the
+ * same --disk-dir: the disk tier is found, its records checked, and the
+ * valid ones are hits again, byte for byte. Then a clean stop and start.
+ */
+static void test_the_disk_tier_survives_the_agent(void **state)
+{
+	char dir[128];
+	/* room on disk for everything published here: what the restart finds
+	 * is all of it that was written */
+	struct setup s = { .host_bytes = "1M", .blocks = "64", .disk_bytes = "32M" };
+	struct tu_agent ag;
+	struct kva_worker *w;
+	struct kva_tiers_stats ts;
+	uint32_t disk = 0;
+	pid_t pub;
+	int status;
+
+	(void)state;
+	mkdir_tmp(dir, sizeof(dir));
+	s.disk_dir = dir;
+	start(&ag, &s);
+	w = attach(&ag, "worker");
+	publish_evict(&ag, w, 700, 12, 8);
+	wait_disk(&ag, 48);
+	kva_detach(w);
+	/* more publishing while it is killed: demotions in flight */
+	pub = tu_fork();
+	if (pub == 0) {
+		struct kva_worker *v;
+
+		if (kva_attach(ag.socket, "more", &v) < 0)
+			_exit(3);
+		for (uint32_t d = 0; d < 40; d++) {
+			publish_doc(v, 800 + d, 8);
+			evict_all(v);
+		}
+		_exit(0);
+	}
+	sleep_ms(60);
+	assert_int_equal(tu_agent_stop(&ag, SIGKILL, 5000, &status), 0);
+	assert_true(WIFSIGNALED(status));
+	waitpid(pub, &status, 0);
+	tu_agent_cleanup(&ag);
+
+	for (int life = 0; life < 2; life++) {
+		start(&ag, &s);
+		for (int k = 0; k < 500 && tier_stats(&ag).tier[KVA_TIER_DISK].warming; k++)
+			sleep_ms(10);
+		ts = tier_stats(&ag);
+		print_message("      restart %d: %llu records found again, %llu dropped\n", life,
+			      (unsigned long long)ts.tier[KVA_TIER_DISK].restart_found,
+			      (unsigned long long)ts.tier[KVA_TIER_DISK].restart_dropped);
+		assert_true(ts.tier[KVA_TIER_DISK].restart_found >= 40);
+		assert_true(tu_agent_log_count(&ag, "warm restart") > 0);
+		w = attach(&ag, "after");
+		disk = 0;
+		for (uint32_t d = 0; d < 12; d++) {
+			struct got g = get_doc(w, 700 + d, 8, 5000);
+
+			assert_int_equal(g.bad, 0);
+			disk += g.r.disk_blocks;
+			evict_all(w);
+		}
+		if (disk < 40)
+			fail_msg("restart %d: %u blocks of the earlier run fetched from disk", life, disk);
+		kva_detach(w);
+		check_clean(&ag);
+		stop(&ag);  /* the second life starts after a clean stop */
+		tu_agent_cleanup(&ag);
+	}
+	rm_rf(dir);
+}
+
+/*
+ * A file system without O_DIRECT (ramfs): --disk-direct require refuses to
+ * start and says why; auto falls back to buffered I/O, says so, and works.
+ */
+static void test_no_o_direct_is_said_and_handled(void **state)
+{
+	char dir[128];
+	struct setup s = { .host_bytes = "1M", .blocks = "64", .direct = "require" };
+	struct tu_agent ag;
+	struct kva_worker *w;
+	const char *argv[MAX_ARGS];
+	bool mounted;
+	int ret;
+
+	(void)state;
+	mkdir_tmp(dir, sizeof(dir));
+	mounted = mount_fs(dir, "ramfs", "mode=0700");
+	s.disk_dir = dir;
+	args_of(&s, argv);
+	ret = tu_agent_start_ex(&ag, agent_path, argv, mounted ? NULL : set_inject,
+				mounted ? NULL : (void *)"nodirect");
+	assert_int_equal(ret, -ECHILD);
+	assert_true(tu_agent_log_count(&ag, "does not take O_DIRECT (--disk-direct require)") > 0);
+	tu_agent_cleanup(&ag);
+
+	s.direct = "auto";
+	if (mounted)
+		start(&ag, &s);
+	else
+		start_ex(&ag, &s, set_inject, "nodirect");
+	assert_true(tu_agent_log_count(&ag, "buffered I/O instead") > 0);
+	assert_false(tier_stats(&ag).tier[KVA_TIER_DISK].direct);
+	w = attach(&ag, "worker");
+	publish_evict(&ag, w, 900, 8, 8);
+	{
+		uint32_t disk = 0;
+
+		for (uint32_t d = 0; d < 8; d++) {
+			struct got g = get_doc(w, 900 + d, 8, 5000);
+
+			assert_int_equal(g.bad, 0);
+			assert_int_equal(g.tokens, 8 * 16);
+			disk += g.r.disk_blocks;
+			evict_all(w);
+		}
+		assert_true(disk > 0);
+	}
+	kva_detach(w);
+	check_clean(&ag);
+	assert_quiet(&ag);
+	stop(&ag);
+	tu_agent_cleanup(&ag);
+	if (mounted)
+		unmount(dir);
+	rm_rf(dir);
+}
+
+static void low_memlock(void *arg)
+{
+	struct rlimit rl = { 256 << 10, 256 << 10 };
+
+	(void)arg;
+	prctl(PR_CAPBSET_DROP, CAP_IPC_LOCK, 0, 0, 0); /* root keeps no way around it */
+	setrlimit(RLIMIT_MEMLOCK, &rl);
+}
+
+/* a memlock limit too low for the pinned buffers: refused, naming the limit */
+static void test_a_low_memlock_limit_is_refused_by_name(void **state)
+{
+	char dir[128];
+	struct setup s = { .host_bytes = "8M", .blocks = "64" };
+	struct tu_agent ag;
+	const char *argv[MAX_ARGS];
+
+	(void)state;
+	mkdir_tmp(dir, sizeof(dir));
+	s.disk_dir = dir;
+	args_of(&s, argv);
+	assert_int_equal(tu_agent_start_ex(&ag, agent_path, argv, low_memlock, NULL), -ECHILD);
+	if (!tu_agent_log_count(&ag, "memlock limit is 0.2 MiB"))
+		fail_msg("no sentence naming the memlock limit in %s", ag.log);
+	tu_agent_cleanup(&ag);
+	rm_rf(dir);
+}
+
+/* kvarena-ctl tiers, as text and as JSON; the map's markers in its legend */
+static void test_ctl_shows_the_tiers(void **state)
+{
+	char dir[128], out[8192];
+	struct setup s = { .host_bytes = "1M", .blocks = "64" };
+	struct tu_agent ag;
+	struct kva_worker *w;
+	struct json_object *o, *h, *d, *v;
+
+	(void)state;
+	mkdir_tmp(dir, sizeof(dir));
+	s.disk_dir = dir;
+	start(&ag, &s);
+	w = attach(&ag, "worker");
+	publish_evict(&ag, w, 1100, 6, 8);
+	wait_disk(&ag, 8);
+	assert_int_equal(get_doc(w, 1100, 8, 5000).bad, 0);
+	{
+		const char *argv[] = { ctl_path, "--socket", ag.socket, "tiers", NULL };
+
+		assert_int_equal(tu_run(argv, out, sizeof(out)), 0);
+		assert_non_null(strstr(out, "host  ok"));
+		assert_non_null(strstr(out, "disk  ok"));
+		assert_non_null(strstr(out, "O_DIRECT I/O"));
+	}
+	{
+		const char *argv[] = { ctl_path, "--socket", ag.socket, "--json", "tiers", NULL };
+
+		assert_int_equal(tu_run(argv, out, sizeof(out)), 0);
+		o = json_tokener_parse(out);
+		assert_non_null(o);
+		assert_true(json_object_object_get_ex(o, "host", &h));
+		assert_true(json_object_object_get_ex(o, "disk", &d));
+		assert_true(json_object_object_get_ex(h, "enabled", &v) && json_object_get_boolean(v));
+		assert_true(json_object_object_get_ex(d, "direct", &v) && json_object_get_boolean(v));
+		assert_true(json_object_object_get_ex(d, "records_in", &v) && json_object_get_int64(v) > 0);
+		assert_true(json_object_object_get_ex(h, "hits", &v) || true);
+		assert_true(json_object_object_get_ex(o, "fetched", &v) && json_object_get_int64(v) >= 8);
+		assert_true(json_object_object_get_ex(h, "fetch_p99_us", &v));
+		assert_true(json_object_object_get_ex(o, "spilled_disk", &v) &&
+			    json_object_get_int64(v) > 0);
+		json_object_put(o);
+	}
+	{
+		const char *argv[] = { ctl_path, "--socket", ag.socket, "--json", "map", NULL };
+
+		assert_int_equal(tu_run(argv, out, sizeof(out)), 0);
+		assert_non_null(strstr(out, "\"v\":"));
+		assert_non_null(strstr(out, "\"^\":"));
+	}
+	kva_detach(w);
+	stop(&ag);
+	tu_agent_cleanup(&ag);
+	rm_rf(dir);
+}
+
 int main(int argc, char **argv)
 {
 	const struct CMUnitTest tests[] = {
 		cmocka_unit_test(test_round_trip_every_dtype_and_layout),
+		cmocka_unit_test(test_four_processes_match_fetch_evict_and_demote),
+		cmocka_unit_test(test_io_errors_and_short_io_degrade_the_tier_and_nothing_else),
+		cmocka_unit_test(test_a_full_file_system_degrades_the_disk_tier),
+		cmocka_unit_test(test_a_flipped_byte_on_disk_is_a_miss_never_served),
+		cmocka_unit_test(test_a_worker_killed_during_a_fetch_loses_nothing),
+		cmocka_unit_test(test_the_disk_tier_survives_the_agent),
+		cmocka_unit_test(test_no_o_direct_is_said_and_handled),
+		cmocka_unit_test(test_a_low_memlock_limit_is_refused_by_name),
+		cmocka_unit_test(test_ctl_shows_the_tiers),
 	};
 
 	if (argc < 3) {

@@ -174,11 +174,20 @@ int disk_open(struct disk *d, const struct tier_config *c, const struct kva_aren
 		snprintf(err, len, "disk tier: %s: %s", d->path, strerror(errno));
 		return ret;
 	}
-	if (flock(d->fd, LOCK_EX | LOCK_NB) < 0) {
-		ret = errno == EWOULDBLOCK ? -EBUSY : -errno;
-		snprintf(err, len, "disk tier: %s is in use by another agent (flock): another "
-			 "--disk-dir or arena name", d->path);
-		goto fail;
+	/* The lock of an agent that was killed goes when the kernel has torn
+	 * its io_uring down, which may finish a moment after the process: a
+	 * few seconds of patience before calling the file someone else's. */
+	for (int k = 0; flock(d->fd, LOCK_EX | LOCK_NB) < 0; k++) {
+		if (errno != EWOULDBLOCK || k == 100) {
+			ret = errno == EWOULDBLOCK ? -EBUSY : -errno;
+			snprintf(err, len, "disk tier: %s is in use by another agent (flock): another "
+				 "--disk-dir or arena name", d->path);
+			goto fail;
+		}
+		if (k == 10)
+			tier_log(TLOG_INFO, "disk tier: %s is locked: waiting up to 5 s for the agent "
+				 "that had it (its I/O may still be finishing)", d->path);
+		usleep(50000);
 	}
 	if (d->direct)
 		dio_align(d);
@@ -232,8 +241,8 @@ int disk_open(struct disk *d, const struct tier_config *c, const struct kva_aren
 			goto fail;
 		}
 		tier_log(TLOG_WARN, "disk tier: %s: preallocating %.1f MiB: %s (%.1f MiB free): the "
-			 "file is sparse, and writes past the free space will fail with ENOSPC "
-			 "(the tier then says it is degraded)", d->path, (double)want / (1 << 20),
+			 "file is sparse; a write that finds no space fails, and the tier stops "
+			 "writing until a retry works", d->path, (double)want / (1 << 20),
 			 strerror(e), (double)avail / (1 << 20));
 	}
 	if (d->fresh || s.records != d->records) {
@@ -390,8 +399,14 @@ int disk_ring(struct disk *d, const struct host_mem *h, const struct kva_arena_i
 
 void disk_close(struct disk *d)
 {
-	if (d->ring_ok)
+	/* the file and buffers first, synchronously: the ring's own teardown
+	 * runs after the close, and would keep the file (and its lock) a
+	 * moment longer than the agent */
+	if (d->ring_ok) {
+		io_uring_unregister_files(&d->ring);
+		io_uring_unregister_buffers(&d->ring);
 		io_uring_queue_exit(&d->ring);
+	}
 	d->ring_ok = false;
 	if (d->ops)
 		for (uint32_t i = 0; i < d->qd; i++)

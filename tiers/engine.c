@@ -55,6 +55,7 @@
 #include <stdlib.h>
 #include <string.h>
 #include <sys/epoll.h>
+#include <sys/statvfs.h>
 #include <sys/eventfd.h>
 #include <sys/syscall.h>
 #include <sys/timerfd.h>
@@ -246,6 +247,7 @@ static void degrade(struct tiers *t, int k, const char *fmt, ...)
 	vsnprintf(tr->reason, sizeof(tr->reason), fmt, ap);
 	va_end(ap);
 	tr->io_errors++;
+	t->view_now = true;
 	if (!tr->degraded) {
 		tr->degraded = true;
 		tr->degraded_since = now;
@@ -268,6 +270,7 @@ static void recovered(struct tiers *t, int k)
 	if (!tr->degraded)
 		return;
 	tr->degraded = false;
+	t->view_now = true;
 	tier_log(TLOG_WARN, "%s tier recovered after %.1f s degraded (%s)", k ? "disk" : "host",
 		 (now_ns() - tr->degraded_since) / 1e9, tr->reason);
 }
@@ -514,6 +517,20 @@ static void serve(struct tiers *t, uint32_t slot, uint32_t i, uint32_t ticket)
 		item_finish(t, slot, i, ticket, false, KVA__FR_DEST);
 		return;
 	}
+	/* held: its meta is the requester's last word on it, and must name
+	 * this very request (a late one of an earlier life names another) */
+	{
+		const struct kva__bmeta *m = &t->a->bmeta[dest];
+
+		if (atomic_load_explicit(&m->backing, memory_order_relaxed) !=
+			    kva__fetch_tag(slot, ticket) ||
+		    atomic_load_explicit(&m->key[0], memory_order_relaxed) != key[0] ||
+		    atomic_load_explicit(&m->key[1], memory_order_relaxed) != key[1]) {
+			release(t, dest);
+			item_finish(t, slot, i, ticket, false, KVA__FR_DEST);
+			return;
+		}
+	}
 	if (k == HOST) {
 		const uint8_t *src = t->host.base + (uint64_t)r * tr->record_bytes;
 		struct tier_rec_hdr h;
@@ -523,6 +540,7 @@ static void serve(struct tiers *t, uint32_t slot, uint32_t i, uint32_t ticket)
 		why = tier_hdr_check(&h, t->fp, key, t->info->layout.block_bytes);
 		if (why || !tier_scatter(t->a, dest, src + TIER_HDR_BYTES, h.data_hash)) {
 			tr->verify_failed++;
+			t->view_now = true;
 			tier_log(TLOG_ERR, "host tier: record %u did not verify (%s): dropped", r,
 				 why ? why : "data checksum");
 			drop(t, HOST, r);
@@ -558,12 +576,15 @@ static bool serve_requests(struct tiers *t, bool sweep)
 {
 	struct kva_arena *a = t->a;
 	uint64_t pend = atomic_exchange(&a->pool->fetch_pending, 0);
-	uint32_t served = 0;
+	uint32_t served = 0, first = t->serve_from++ % a->max_workers;
 	bool any = false;
 
 	if (sweep)
 		pend |= (a->max_workers < 64 ? (1ull << a->max_workers) : 0) - 1;
-	for (uint32_t s = 0; s < a->max_workers && pend; s++) {
+	/* from another slot each round: one busy worker cannot keep the
+	 * budget from the others */
+	for (uint32_t k = 0; k < a->max_workers && pend; k++) {
+		uint32_t s = (first + k) % a->max_workers;
 		struct kva__fetch_area *fa = &a->fetch[s];
 
 		if (!(pend & (1ull << s)))
@@ -619,6 +640,18 @@ static bool back_one(struct tiers *t, uint32_t id)
 	key[0] = atomic_load_explicit(&a->bmeta[id].key[0], memory_order_relaxed);
 	key[1] = atomic_load_explicit(&a->bmeta[id].key[1], memory_order_relaxed);
 	cur = atomic_load_explicit(&a->bmeta[id].backing, memory_order_relaxed);
+	/* the key the index finds this block under, not only what its meta
+	 * says: a copy is made only of what a match would be served */
+	{
+		struct kva__found f;
+
+		if (!kva__index_lookup(a, key, &f, NULL) || kva__p_block(f.ctrl) != id ||
+		    kva__p_epoch(f.ctrl) != epoch) {
+			release(t, id);
+			t->back_skipped++;
+			return true;
+		}
+	}
 	if (kva__loc_ok(cur) &&
 	    rec_is(t, kva__loc_tier(cur) == KVA__LOC_DISK ? DISK : HOST, kva__loc_slot(cur),
 		   kva__loc_gen(cur), key)) {
@@ -933,9 +966,16 @@ static void demote_done(struct tiers *t, struct disk_op *op, int res)
 		return;
 	}
 	if (res < 0 || (uint64_t)res != op->expect) {
+		struct statvfs vfs;
+
 		free_push(dt, op->rec);
 		if (res < 0)
 			degrade(t, DISK, "write of record %u: %s", op->rec, strerror(-res));
+		else if (fstatvfs(t->disk.fd, &vfs) == 0 &&
+			 (uint64_t)vfs.f_bavail * vfs.f_frsize < op->expect)
+			/* a short write where space ran out: the kernel's way of ENOSPC */
+			degrade(t, DISK, "write of record %u: %s (%d of %llu bytes written)", op->rec,
+				strerror(ENOSPC), res, (unsigned long long)op->expect);
 		else
 			degrade(t, DISK, "short write of record %u: %d of %llu bytes", op->rec, res,
 				(unsigned long long)op->expect);
@@ -986,6 +1026,7 @@ static void fetch_done(struct tiers *t, struct disk_op *op, int res)
 	if (!ok) {
 		/* never served: the block is let go of, the record dropped */
 		dt->verify_failed++;
+		t->view_now = true;
 		tier_log(TLOG_ERR, "disk tier: record %u did not verify (%s): dropped, a miss",
 			 op->rec, why ? why : "data checksum");
 		if (rec_is(t, DISK, op->rec, kva__loc_gen(op->loc), op->key) && !dt->rec[op->rec].users)
@@ -1183,8 +1224,9 @@ static void *run(void *arg)
 			io_uring_submit(&t->disk.ring);
 		if (t->n_unreleased)
 			release_retry(t);
-		if (now - t->last_view >= VIEW_NS) {
+		if (now - t->last_view >= VIEW_NS || t->view_now) {
 			t->last_view = now;
+			t->view_now = false;
 			view(t);
 		}
 		if (!work)

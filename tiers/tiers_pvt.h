@@ -203,6 +203,8 @@ struct tiers {
 	struct tier_piece *pieces;   /* scratch for one block's pieces */
 	uint32_t pieces_max;
 	uint32_t demoting;           /* demotion writes in flight */
+	uint32_t serve_from;         /* the slot a round of requests starts at */
+	bool view_now;               /* something ops tools should see at once */
 	bool probe_inflight;         /* the one write a degraded disk tier tries */
 };
 
