@@ -80,6 +80,9 @@ extern int agent_log_level;
  * a second saying how many it left out.
  */
 void agent_log(int level, const char *fmt, ...) __attribute__((format(printf, 2, 3)));
+/* the same, rate-limited as call site @site (a format string kept elsewhere) */
+void agent_log_at(int level, const char *site, const char *fmt, ...)
+	__attribute__((format(printf, 3, 4)));
 #define LOG_BURST 20
 #define log_err(...) agent_log(LOG_ERR, __VA_ARGS__)
 #define log_warn(...) agent_log(LOG_WARN, __VA_ARGS__)

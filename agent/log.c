@@ -9,8 +9,9 @@
  * is written as \xNN, so nobody can forge a line or break a reader's
  * decoding. A call site that fires more than LOG_BURST times in a second
  * (a flood of connections, a retry) is held to one line a second saying how
- * many lines like it were left out.
+ * many lines like it were left out. Thread-safe: the tier thread logs too.
  */
+#include <pthread.h>
 #include <stdarg.h>
 #include <stdbool.h>
 #include <stdio.h>
@@ -43,6 +44,7 @@ struct site {
 };
 
 static struct site sites[64];
+static pthread_mutex_t sites_lock = PTHREAD_MUTEX_INITIALIZER;
 
 static bool let_through(const char *fmt, unsigned *dropped_before)
 {
@@ -82,31 +84,43 @@ static bool let_through(const char *fmt, unsigned *dropped_before)
 void agent_log_flush(void)
 {
 	struct timespec ts;
+	struct { const char *fmt; unsigned dropped; } said[64];
+	unsigned n = 0;
 
 	clock_gettime(CLOCK_MONOTONIC, &ts);
+	pthread_mutex_lock(&sites_lock);
 	for (unsigned k = 0; k < 64; k++) {
 		struct site *s = &sites[k];
 
 		if (!s->fmt || !s->dropped || s->window == (uint64_t)ts.tv_sec)
 			continue;
-		agent_log(LOG_WARN, "%u more lines like \"%.60s\" were left out in the last second",
-			  s->dropped, s->fmt);
+		said[n].fmt = s->fmt;
+		said[n++].dropped = s->dropped;
 		s->dropped = 0;
 	}
+	pthread_mutex_unlock(&sites_lock);
+	for (unsigned k = 0; k < n; k++)
+		agent_log(LOG_WARN, "%u more lines like \"%.60s\" were left out in the last second",
+			  said[k].dropped, said[k].fmt);
 }
 
-void agent_log(int level, const char *fmt, ...)
+static void vlog(int level, const char *site, const char *fmt, va_list ap)
 {
 	static int journal = -1;
 	char raw[1024], line[1200];
 	unsigned dropped;
-	va_list ap;
+	bool go;
 	int n;
 
-	if (level > agent_log_level || !let_through(fmt, &dropped))
+	if (level > agent_log_level)
 		return;
+	pthread_mutex_lock(&sites_lock);
+	go = let_through(site, &dropped);
 	if (journal < 0)
 		journal = getenv("JOURNAL_STREAM") != NULL;
+	pthread_mutex_unlock(&sites_lock);
+	if (!go)
+		return;
 	if (journal) {
 		n = snprintf(line, sizeof(line), "<%d>", sd_prio[level]);
 	} else {
@@ -119,9 +133,7 @@ void agent_log(int level, const char *fmt, ...)
 			     tm.tm_hour, tm.tm_min, tm.tm_sec, ts.tv_nsec / 1000000, (int)getpid(),
 			     names[level]);
 	}
-	va_start(ap, fmt);
 	vsnprintf(raw, sizeof(raw), fmt, ap);
-	va_end(ap);
 	text_escape(raw, line + n, sizeof(line) - (size_t)n - 64, false);
 	n = (int)strlen(line);
 	if (dropped)
@@ -133,4 +145,22 @@ void agent_log(int level, const char *fmt, ...)
 		line[n++] = '\n';
 	if (write(STDERR_FILENO, line, (size_t)n) < 0)
 		return;
+}
+
+void agent_log(int level, const char *fmt, ...)
+{
+	va_list ap;
+
+	va_start(ap, fmt);
+	vlog(level, fmt, fmt, ap);
+	va_end(ap);
+}
+
+void agent_log_at(int level, const char *site, const char *fmt, ...)
+{
+	va_list ap;
+
+	va_start(ap, fmt);
+	vlog(level, site, fmt, ap);
+	va_end(ap);
 }

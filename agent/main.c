@@ -82,9 +82,9 @@ static int fits_memory(const struct agent_config *c)
 	return -ENOMEM;
 }
 
-static void tiers_log(int level, const char *msg)
+static void tiers_log(int level, const char *site, const char *msg)
 {
-	agent_log(level, "%s", msg);
+	agent_log_at(level, site, "%s", msg);
 }
 
 /*

@@ -89,7 +89,7 @@ void tier_log(int level, const char *fmt, ...)
 	vsnprintf(msg, sizeof(msg), fmt, ap);
 	va_end(ap);
 	if (log_fn)
-		log_fn(level, msg);
+		log_fn(level, fmt, msg);
 	else
 		fprintf(stderr, "kvarena tiers: %s\n", msg);
 }

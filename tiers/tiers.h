@@ -57,8 +57,9 @@ int tiers_doorbell(const struct tiers *t);
 /* stop the thread (I/O in flight finishes first), free everything */
 void tiers_stop(struct tiers *t);
 
-/* log lines from the tier thread go through the agent's logger */
-typedef void tiers_log_fn(int level, const char *msg);
+/* log lines from the tier thread go through the agent's logger; @site is
+ * the line's format (its call site, for rate limiting), @msg the line */
+typedef void tiers_log_fn(int level, const char *site, const char *msg);
 void tiers_set_log(tiers_log_fn *fn);
 
 #endif /* KVA_TIERS_H */
