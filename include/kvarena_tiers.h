@@ -91,6 +91,13 @@ int kva_seq_fetch_cancel(struct kva_seq *s, struct kva_fetch_result *r);
 
 /* ------------------------------------------------------- ops tools */
 
+/*
+ * kva_tier_record_bytes - what one block takes in either tier (a 4 KiB
+ * header, then the block's bytes padded to 4 KiB): to size --host-bytes and
+ * --disk-bytes for a number of blocks.
+ */
+uint64_t kva_tier_record_bytes(uint64_t block_bytes);
+
 enum kva_tier_id { KVA_TIER_HOST = 0, KVA_TIER_DISK = 1, KVA_TIERS = 2 };
 
 /* One tier, as the agent reports it (kva_arena_tier_stats). */

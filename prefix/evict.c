@@ -220,8 +220,25 @@ void kva__hint_touch(struct kva_arena *a, uint32_t id, uint64_t tick, bool hit)
  * the last use, then the deeper block first */
 static uint64_t rank(uint64_t h)
 {
-	return ((uint64_t)(hint_hits(h) > 0) << 63) | (hint_tick(h) & ((1ull << 47) - 1)) << 16 |
+	return ((uint64_t)(hint_hits(h) > 0) << 62) | (hint_tick(h) & ((1ull << 46) - 1)) << 16 |
 	       (0xffff - hint_depth(h));
+}
+
+/*
+ * The rank of block @id. With tiers below the arena, a block the agent has
+ * not copied yet ranks above every block it has: evicting a copied block
+ * only moves it down a tier (a hit still, from there), evicting one not
+ * copied loses it. So while the agent catches up with a burst of
+ * publications, evictions take what is safe first.
+ */
+static uint64_t rank_of(struct kva_arena *a, uint32_t id)
+{
+	uint64_t r = rank(atomic_load_explicit(&a->bmeta[id].hint, memory_order_relaxed));
+
+	if (atomic_load_explicit(&a->pool->tiers, memory_order_relaxed) &&
+	    !kva__loc_ok(atomic_load_explicit(&a->bmeta[id].backing, memory_order_relaxed)))
+		r |= 1ull << 63;
+	return r;
 }
 
 /*
@@ -353,7 +370,7 @@ static uint32_t evict_prefix(struct kva_worker *w, uint32_t want, uint32_t *ids)
 
 		scanned++;
 		if (kva__d_kind(d) == KVA__D_CACHED) {
-			r = rank(atomic_load_explicit(&a->bmeta[id].hint, memory_order_relaxed));
+			r = rank_of(a, id);
 			if (r <= thr && take(w, id, d)) {
 				ids[got++] = id;
 				scanned = n = resets = 0;
@@ -395,8 +412,7 @@ static uint32_t evict_exhaustive(struct kva_worker *w, uint32_t want, uint32_t *
 		for (uint32_t i = 0, id = start; i < a->blocks; i++, id = id + 1 == a->blocks ? 0 : id + 1)
 			if (n < RANKS && kva__d_kind(atomic_load_explicit(
 						 &w->desc[id], memory_order_relaxed)) == KVA__D_CACHED)
-				w->ranks[n++] = rank(atomic_load_explicit(&a->bmeta[id].hint,
-									  memory_order_relaxed));
+				w->ranks[n++] = rank_of(a, id);
 		if (!n)
 			return 0;
 		qsort(w->ranks, n, sizeof(*w->ranks), cmp_u64);
@@ -409,7 +425,7 @@ static uint32_t evict_exhaustive(struct kva_worker *w, uint32_t want, uint32_t *
 
 			if (kva__d_kind(d) == KVA__D_CACHED &&
 			    (thr == UINT64_MAX ||
-			     rank(atomic_load_explicit(&a->bmeta[id].hint, memory_order_relaxed)) <= thr) &&
+			     rank_of(a, id) <= thr) &&
 			    take(w, id, d))
 				ids[got++] = id;
 		}

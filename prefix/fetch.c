@@ -131,6 +131,12 @@ void kva__look_below(struct kva_seq *s, const int32_t *tokens, size_t m, size_t 
 		kva__sc_add(s->w, KVA__SC_BELOW, n);
 }
 
+uint64_t kva_tier_record_bytes(uint64_t block_bytes)
+{
+	/* the record format of tiers/tiers_pvt.h */
+	return 4096 + (block_bytes + 4095) / 4096 * 4096;
+}
+
 /* ------------------------------------------------------------ items */
 
 static struct kva__fetch_area *area(struct kva_worker *w)

@@ -532,7 +532,8 @@ static void set_inject(void *arg)
 static void round_trip(const char *dtype, const char *layout)
 {
 	char dir[128];
-	struct setup s = { .dtype = dtype, .layout = layout, .host_bytes = "2M", .blocks = "64" };
+	struct setup s = { .dtype = dtype, .layout = layout, .host_bytes = "2M", .blocks = "64",
+			   .disk_bytes = "8M" };
 	struct tu_agent ag;
 	struct kva_worker *a, *b;
 	struct got g;

@@ -55,6 +55,7 @@
 #include <stdlib.h>
 #include <string.h>
 #include <sys/epoll.h>
+#include <sys/resource.h>
 #include <sys/statvfs.h>
 #include <sys/eventfd.h>
 #include <sys/syscall.h>
@@ -67,6 +68,7 @@
 #define BACK_BUDGET (32ull << 20)   /* bytes copied to the host tier per round */
 #define SERVE_BUDGET 256u           /* host-tier requests served per round */
 #define VIEW_NS 100000000ull
+#define TIER_NICE (-10)
 #define IDLE_MS 50
 #define RETRY_MIN_NS 1000000000ull  /* a degraded disk tier tries again after 1 s, */
 #define RETRY_MAX_NS 30000000000ull /* doubling to 30 s */
@@ -109,7 +111,9 @@ static uint64_t round_up(uint64_t v, uint64_t a)
 
 uint64_t tiers_record_bytes(uint64_t block_bytes)
 {
-	return TIER_HDR_BYTES + round_up(block_bytes, TIER_ALIGN);
+	_Static_assert(TIER_HDR_BYTES == 4096 && TIER_ALIGN == 4096,
+		       "kva_tier_record_bytes() says the same");
+	return kva_tier_record_bytes(block_bytes);
 }
 
 /* the host tier of a disk-only configuration: staging for the writes */
@@ -145,6 +149,7 @@ static void free_push(struct tier *tr, uint32_t i)
 {
 	tr->rec[i].state = R_FREE;
 	tr->rec[i].gen = (tr->rec[i].gen + 1) & KVA__LOC_GEN_MASK;
+	tr->rec[i].other = TIER_NONE;
 	tr->rec[i].next_free = tr->free_head;
 	tr->free_head = i;
 }
@@ -178,10 +183,15 @@ static void unname(struct tiers *t, const uint64_t key[2], uint64_t loc)
 	if (kva__index_lookup_spilled(a, key, &f) && kva__p_loc(f.ctrl) == loc)
 		kva__index_unspill(a, f.pos, f.ctrl);
 	if (kva__index_lookup(a, key, &f, NULL)) {
+		uint32_t id = kva__p_block(f.ctrl);
 		uint64_t b = loc;
 
-		atomic_compare_exchange_strong_explicit(&a->bmeta[kva__p_block(f.ctrl)].backing, &b, 0,
-							memory_order_relaxed, memory_order_relaxed);
+		/* still in the arena: it needs a copy below again */
+		if (atomic_compare_exchange_strong_explicit(&a->bmeta[id].backing, &b, 0,
+							    memory_order_relaxed, memory_order_relaxed)) {
+			atomic_fetch_or(&a->dirty[id / 64], 1ull << (id % 64));
+			atomic_fetch_or(&a->dsum[id / 4096], 1ull << (id / 64 % 64));
+		}
 	}
 }
 
@@ -201,19 +211,38 @@ static void rename_loc(struct tiers *t, const uint64_t key[2], uint64_t from, ui
 	}
 }
 
+/* record @i of tier @k holds nothing any more (a new generation) */
+static void rec_free(struct tiers *t, int k, uint32_t i)
+{
+	struct tier *tr = &t->t[k];
+
+	if (k == HOST && !tr->ring) {
+		free_push(tr, i);
+		return;
+	}
+	tr->rec[i].state = R_FREE;
+	tr->rec[i].gen = (tr->rec[i].gen + 1) & KVA__LOC_GEN_MASK;
+}
+
 /* drop record @i of tier @k: unnamed, and free once no I/O uses it */
 static void drop(struct tiers *t, int k, uint32_t i)
 {
 	struct tier *tr = &t->t[k];
+	struct tier_rec *r = &tr->rec[i];
 
-	if (tr->rec[i].state == R_VALID) {
-		unname(t, tr->rec[i].key, rec_loc(t, k, i));
+	if (r->state == R_VALID) {
+		unname(t, r->key, rec_loc(t, k, i));
 		tr->used--;
 	}
-	if (tr->rec[i].users)
-		tr->rec[i].state = R_DEAD;
+	/* the copy in the other tier is no copy of anything now */
+	if (r->other != TIER_NONE) {
+		t->t[!k].rec[r->other].other = TIER_NONE;
+		r->other = TIER_NONE;
+	}
+	if (r->users)
+		r->state = R_DEAD;
 	else
-		free_push(tr, i);
+		rec_free(t, k, i);
 }
 
 /* the clock's next victim among valid records nobody is reading; UINT32_MAX */
@@ -366,10 +395,25 @@ static void item_finish(struct tiers *t, uint32_t slot, uint32_t i, uint32_t tic
 		memory_order_release, memory_order_relaxed);
 	if (!ok)
 		t->fetch_failed++;
-	/* Dekker with a waiter: it bumps waiting, then reads done */
-	atomic_fetch_add(&fa->done, 1);
-	if (atomic_load(&fa->waiting))
-		syscall(SYS_futex, &fa->done, FUTEX_WAKE, INT_MAX, NULL, NULL, 0);
+	t->wake |= 1ull << slot; /* woken once for all it got this round */
+}
+
+/*
+ * wake - every slot whose requests finished: its done count bumped, and its
+ * waiters woken, once (a 32-block fetch is one wakeup, not 32). Dekker with
+ * a waiter, which bumps waiting, then reads done.
+ */
+static void wake(struct tiers *t)
+{
+	while (t->wake) {
+		uint32_t s = (uint32_t)__builtin_ctzll(t->wake);
+		struct kva__fetch_area *fa = &t->a->fetch[s];
+
+		t->wake &= t->wake - 1;
+		atomic_fetch_add(&fa->done, 1);
+		if (atomic_load(&fa->waiting))
+			syscall(SYS_futex, &fa->done, FUTEX_WAKE, INT_MAX, NULL, NULL, 0);
+	}
 }
 
 static void latency(struct tiers *t, int k, uint64_t posted)
@@ -504,13 +548,40 @@ static void serve(struct tiers *t, uint32_t slot, uint32_t i, uint32_t ticket)
 
 	t->fetch_requests++;
 	if (!kva__loc_ok(loc) || !rec_is(t, k, r, kva__loc_gen(loc), key)) {
-		/* moved or dropped since the worker looked: and if the index
-		 * still says so, it stops */
+		/* moved since the worker looked (down a tier, or its name
+		 * renewed): where the index says it is now, if that holds */
+		struct kva__found f;
+		uint64_t now_at;
+
+		if (kva__index_lookup_spilled(t->a, key, &f) &&
+		    (now_at = kva__p_loc(f.ctrl)) != loc && kva__loc_ok(now_at) &&
+		    rec_is(t, kva__loc_tier(now_at) == KVA__LOC_DISK ? DISK : HOST,
+			   kva__loc_slot(now_at), kva__loc_gen(now_at), key)) {
+			loc = now_at;
+			k = kva__loc_tier(loc) == KVA__LOC_DISK ? DISK : HOST;
+			r = kva__loc_slot(loc);
+			tr = &t->t[k];
+			t->forwarded++;
+		}
+	}
+	if (!kva__loc_ok(loc) || !rec_is(t, k, r, kva__loc_gen(loc), key)) {
+		/* dropped since: and if the index still says so, it stops */
 		if (kva__loc_ok(loc) && tr->on)
 			tr->stale++;
 		if (kva__loc_ok(loc))
 			unname(t, key, loc);
 		item_finish(t, slot, i, ticket, false, KVA__FR_STALE);
+		return;
+	}
+	if (k == DISK && t->disk.free_op == TIER_NONE) {
+		/* forwarded to disk, and no operation free: back to the queue */
+		uint32_t busy = kva__f_word(KVA__F_BUSY, ticket);
+
+		atomic_compare_exchange_strong(&t->a->fetch[slot].item[i].state, &busy,
+					       kva__f_word(KVA__F_POSTED, ticket));
+		atomic_fetch_or(&t->a->pool->fetch_pending, 1ull << slot);
+		t->fetch_blocked = true;
+		t->fetch_requests--;
 		return;
 	}
 	if (!kva__hold_dest(t->self, dest, epoch, slot)) {
@@ -579,6 +650,7 @@ static bool serve_requests(struct tiers *t, bool sweep)
 	uint32_t served = 0, first = t->serve_from++ % a->max_workers;
 	bool any = false;
 
+	t->fetch_blocked = false;
 	if (sweep)
 		pend |= (a->max_workers < 64 ? (1ull << a->max_workers) : 0) - 1;
 	/* from another slot each round: one busy worker cannot keep the
@@ -601,9 +673,14 @@ static bool serve_requests(struct tiers *t, bool sweep)
 			loc = atomic_load_explicit(&fa->item[i].loc, memory_order_relaxed);
 			/* a disk read needs an operation; a round copies a bounded
 			 * number from the host tier: the rest next round */
-			if ((kva__loc_tier(loc) == KVA__LOC_DISK && t->t[DISK].on &&
-			     t->disk.free_op == UINT32_MAX) ||
-			    served >= SERVE_BUDGET) {
+			if (kva__loc_tier(loc) == KVA__LOC_DISK && t->t[DISK].on &&
+			    t->disk.free_op == UINT32_MAX) {
+				/* when an operation completes: the ring wakes us */
+				t->fetch_blocked = true;
+				atomic_fetch_or(&a->pool->fetch_pending, 1ull << s);
+				break;
+			}
+			if (served >= SERVE_BUDGET) {
 				atomic_fetch_or(&a->pool->fetch_pending, 1ull << s);
 				break;
 			}
@@ -622,6 +699,67 @@ static bool serve_requests(struct tiers *t, bool sweep)
 }
 
 /* ------------------------------------------------------------ backing */
+
+static bool disk_writable(struct tiers *t)
+{
+	struct tier *tr = &t->t[DISK];
+
+	if (!tr->on)
+		return false;
+	if (!tr->degraded)
+		return true;
+	/* degraded: one write to try now and then, which says if it is back */
+	return now_ns() >= tr->retry_at && !t->probe_inflight;
+}
+
+/*
+ * host_take - the host record the next copy goes into; TIER_NONE: none now.
+ *
+ * With a disk tier the host tier is a ring: copies go in at head, and are
+ * written to disk in order from flush (host_flush). The record at head is
+ * the oldest: clean (on disk too), its names move to its disk copy and it is
+ * reused; not written yet (the ring is full of unwritten records), it waits
+ * for the flush, or is dropped if the disk takes nothing. Without a disk
+ * tier: the free list, refilled by demote() from the clock.
+ */
+static uint32_t host_take(struct tiers *t)
+{
+	struct tier *ht = &t->t[HOST];
+	struct tier_rec *r;
+	uint32_t i;
+
+	if (!ht->ring)
+		return free_pop(ht);
+	i = ht->head;
+	r = &ht->rec[i];
+	if (r->users)
+		return TIER_NONE; /* being written to disk */
+	if (ht->dirty == ht->n) {
+		/* everything is waiting for the disk */
+		if (disk_writable(t))
+			return TIER_NONE;
+		ht->dropped++;
+		drop(t, HOST, i);
+		ht->flush = (ht->flush + 1) % ht->n;
+		ht->dirty--;
+	} else if (r->state == R_VALID && r->other != TIER_NONE &&
+		   t->t[DISK].rec[r->other].state == R_VALID) {
+		/* clean: from now on its disk copy is the copy */
+		rename_loc(t, r->key, rec_loc(t, HOST, i), rec_loc(t, DISK, r->other));
+		t->t[DISK].rec[r->other].other = TIER_NONE;
+		r->other = TIER_NONE;
+		ht->used--;
+		rec_free(t, HOST, i);
+	} else if (r->state == R_VALID || r->state == R_DEAD) {
+		/* its disk copy was overwritten, or never made (a failed write) */
+		if (r->state == R_VALID)
+			ht->dropped++;
+		drop(t, HOST, i);
+	}
+	ht->head = (i + 1) % ht->n;
+	ht->dirty++; /* the caller fills it: not on disk yet */
+	return i;
+}
 
 /* a copy of block @id, held, in a host record; false: no record free */
 static bool back_one(struct tiers *t, uint32_t id)
@@ -658,8 +796,8 @@ static bool back_one(struct tiers *t, uint32_t id)
 		release(t, id);
 		return true; /* a copy already */
 	}
-	i = free_pop(tr);
-	if (i == UINT32_MAX) {
+	i = host_take(t);
+	if (i == TIER_NONE) {
 		release(t, id);
 		return false;
 	}
@@ -668,7 +806,8 @@ static bool back_one(struct tiers *t, uint32_t id)
 		      tier_gather(a, id, dst + TIER_HDR_BYTES), ++t->seq);
 	memcpy(dst, &h, sizeof(h));
 	tr->rec[i] = (struct tier_rec){ .key = { key[0], key[1] }, .seq = h.seq,
-					.gen = tr->rec[i].gen, .state = R_VALID };
+					.gen = tr->rec[i].gen, .state = R_VALID,
+					.other = TIER_NONE };
 	tr->used++;
 	tr->records_in++;
 	tr->bytes_in += t->info->layout.block_bytes;
@@ -748,93 +887,118 @@ static bool dirty_pending(const struct tiers *t)
 
 /* ------------------------------------------------------------ demotion */
 
-/* a disk record to write into: a free one, or the coldest dropped */
-static uint32_t disk_slot(struct tiers *t)
+/*
+ * disk_run - up to *@len disk records from the log's head, contiguous, to
+ * write a run into: the oldest records on disk, dropped (their names go).
+ * Not past the file's end, nor over a record being read or written, nor,
+ * while a warm restart scans, over the earlier run's records. Returns the
+ * first and sets *@len; TIER_NONE if none is free now.
+ */
+static uint32_t disk_run(struct tiers *t, uint32_t *len)
 {
-	struct tier *tr = &t->t[DISK];
-	uint32_t i = free_pop(tr);
+	struct tier *dt = &t->t[DISK];
+	uint32_t i0 = dt->head, k, max = *len < dt->n - i0 ? *len : dt->n - i0;
 
-	if (i != UINT32_MAX)
-		return i;
-	if (t->warming)
-		return UINT32_MAX; /* the earlier run's records first find their place */
-	i = victim(tr);
-	if (i == UINT32_MAX)
-		return i;
-	tr->dropped++;
-	drop(t, DISK, i);
-	return free_pop(tr);
+	for (k = 0; k < max; k++) {
+		struct tier_rec *r = &dt->rec[i0 + k];
+
+		if (r->users || r->state == R_WRITING || r->state == R_DEAD ||
+		    (t->warming && i0 + k < t->disk.old_records))
+			break;
+	}
+	if (!k)
+		return TIER_NONE;
+	for (uint32_t j = i0; j < i0 + k; j++) {
+		if (dt->rec[j].state == R_VALID) {
+			dt->dropped++;
+			drop(t, DISK, j);
+		}
+		dt->rec[j].state = R_WRITING;
+	}
+	dt->head = (i0 + k) % dt->n;
+	*len = k;
+	return i0;
 }
 
-/* write host record @h to the disk tier; false if no disk record is free */
-static bool demote_one(struct tiers *t, uint32_t h)
-{
-	struct disk *d = &t->disk;
-	struct tier *ht = &t->t[HOST], *dt = &t->t[DISK];
-	uint32_t i = disk_slot(t);
-	uint64_t hoff = (uint64_t)h * ht->record_bytes;
-	struct disk_op *op;
-	struct io_uring_sqe *sqe;
+#define FLUSH_MAX_BYTES (1u << 20) /* one write: at most this, */
+#define FLUSH_MIN 8u               /* at least this many records unless idle */
 
-	if (i == UINT32_MAX)
-		return false;
-	op = op_get(t);
-	dt->rec[i].state = R_WRITING;
-	op->kind = OP_DEMOTE;
-	op->rec = i;
-	op->host_rec = h;
-	op->gen = dt->rec[i].gen;
-	op->expect = d->record_bytes;
-	ht->rec[h].users++;
-	t->demoting++;
-	if (dt->degraded)
-		t->probe_inflight = true; /* this write says whether we are back */
-	sqe = sqe_get(t);
-	/* the registered piece holding the record: pieces hold whole records */
-	io_uring_prep_write_fixed(sqe, 0, t->host.base + hoff, (unsigned)d->record_bytes,
-				  d->data_off + (uint64_t)i * d->record_bytes,
-				  (int)(hoff / d->regs[0].iov_len));
-	sqe->flags |= IOSQE_FIXED_FILE;
-	if (!d->direct && d->dontcache)
-		sqe->rw_flags = RWF_DONTCACHE;
-	io_uring_sqe_set_data64(sqe, (uint64_t)(op - d->ops) + 1);
-	return true;
+/*
+ * host_flush - write the host ring's unwritten records to disk, in order,
+ * in runs of up to 1 MiB: one WRITE_FIXED from the registered host memory
+ * to the next records of the disk log, sequential on the device. A record
+ * stays readable in the host tier while it is written and after (clean);
+ * its names move to the disk copy only when the ring reuses it.
+ * @force: write what there is (idle, or a copy is waiting for room).
+ */
+static bool host_flush(struct tiers *t, bool force)
+{
+	struct tier *ht = &t->t[HOST], *dt = &t->t[DISK];
+	struct disk *d = &t->disk;
+	uint32_t per_reg = (uint32_t)(d->regs[0].iov_len / d->record_bytes);
+	uint32_t max = (uint32_t)(FLUSH_MAX_BYTES / d->record_bytes);
+	bool any = false;
+
+	if (!max)
+		max = 1;
+	while (ht->dirty && d->free_op != TIER_NONE && disk_writable(t) &&
+	       (force || ht->dirty >= FLUSH_MIN)) {
+		uint32_t h0 = ht->flush, len = ht->dirty < max ? ht->dirty : max, d0;
+		struct disk_op *op;
+		struct io_uring_sqe *sqe;
+
+		/* one registered buffer, no wrap of the ring */
+		if (len > ht->n - h0)
+			len = ht->n - h0;
+		if (len > per_reg - h0 % per_reg)
+			len = per_reg - h0 % per_reg;
+		if ((d0 = disk_run(t, &len)) == TIER_NONE)
+			break;
+		op = op_get(t);
+		op->kind = OP_DEMOTE;
+		op->host_rec = h0;
+		op->rec = d0;
+		op->nrec = len;
+		op->expect = (uint64_t)len * d->record_bytes;
+		for (uint32_t k = 0; k < len; k++) {
+			ht->rec[h0 + k].users++;
+			dt->rec[d0 + k].other = h0 + k;
+		}
+		if (dt->degraded)
+			t->probe_inflight = true; /* this write says whether we are back */
+		t->demoting += len;
+		ht->flush = (h0 + len) % ht->n;
+		ht->dirty -= len;
+		sqe = sqe_get(t);
+		io_uring_prep_write_fixed(sqe, 0, t->host.base + (uint64_t)h0 * d->record_bytes,
+					  (unsigned)op->expect,
+					  d->data_off + (uint64_t)d0 * d->record_bytes,
+					  (int)(h0 / per_reg));
+		sqe->flags |= IOSQE_FIXED_FILE;
+		if (!d->direct && d->dontcache)
+			sqe->rw_flags = RWF_DONTCACHE;
+		io_uring_sqe_set_data64(sqe, (uint64_t)(op - d->ops) + 1);
+		any = true;
+		force = true; /* the rest of what was asked for */
+	}
+	return any;
 }
 
 /*
- * demote - keep free host records (a sixteenth of them, at least two queue
- * depths): the coldest are written to the disk tier; with no disk tier, or
- * one that is degraded (but for the one write that retries it), they are
- * dropped. @stalled: backing found no free record, so at least one must be
- * made now.
+ * demote - without a disk tier: keep a sixteenth of the host records free,
+ * dropping the coldest (clock), so that copies never wait.
  */
-static bool demote(struct tiers *t, bool stalled)
+static bool demote(struct tiers *t)
 {
-	struct tier *ht = &t->t[HOST], *dt = &t->t[DISK];
-	uint32_t want = ht->n / 16 > 2 * t->disk.qd ? ht->n / 16 : 2 * t->disk.qd;
+	struct tier *ht = &t->t[HOST];
+	uint32_t want = ht->n / 16 ? ht->n / 16 : 1;
 	bool any = false;
 
-	if (want > ht->n / 2)
-		want = ht->n / 2 ? ht->n / 2 : 1;
-	if (stalled && want < 1)
-		want = 1;
-	while (free_count(ht) + t->demoting < want) {
-		bool to_disk = dt->on && (!dt->degraded ||
-					  (now_ns() >= dt->retry_at && !t->probe_inflight));
-		uint32_t h;
+	while (free_count(ht) < want) {
+		uint32_t h = victim(ht);
 
-		if (to_disk && t->disk.free_op == UINT32_MAX)
-			break; /* every operation in flight: more when they complete */
-		h = victim(ht);
-		if (h == UINT32_MAX)
+		if (h == TIER_NONE)
 			break;
-		if (to_disk) {
-			if (!demote_one(t, h))
-				break; /* no disk record to take now */
-			any = true;
-			continue;
-		}
-		/* nowhere below, or a degraded disk: the copy is dropped */
 		ht->dropped++;
 		drop(t, HOST, h);
 		any = true;
@@ -881,12 +1045,17 @@ static void scan_done(struct tiers *t, struct disk_op *op, int res)
 			dt->io_errors++;
 		if (h.magic == TIER_REC_MAGIC)
 			t->restart_dropped++; /* a record, torn or of something else */
-		free_push(dt, i);
+		rec_free(t, DISK, i);
 	} else {
 		dt->rec[i] = (struct tier_rec){ .key = { h.key[0], h.key[1] }, .seq = h.seq,
-						.gen = dt->rec[i].gen, .state = R_VALID };
+						.gen = dt->rec[i].gen, .state = R_VALID,
+						.other = TIER_NONE };
 		if (h.seq > t->seq)
 			t->seq = h.seq;
+		if (h.seq >= t->scan_last_seq) {
+			t->scan_last_seq = h.seq;
+			t->scan_last_slot = i;
+		}
 		loc = rec_loc(t, DISK, i);
 		ret = kva__index_insert_spilled(
 			t->self, h.key, loc,
@@ -904,7 +1073,7 @@ static void scan_done(struct tiers *t, struct disk_op *op, int res)
 			    dt->rec[kva__loc_slot(other)].seq < h.seq &&
 			    kva__index_respill(t->a, f.pos, f.ctrl, loc)) {
 				dt->used--;
-				free_push(dt, kva__loc_slot(other));
+				rec_free(t, DISK, kva__loc_slot(other));
 				t->restart_found--;
 				t->restart_dropped++;
 				ret = 0;
@@ -915,11 +1084,14 @@ static void scan_done(struct tiers *t, struct disk_op *op, int res)
 			t->restart_found++;
 		} else {
 			t->restart_dropped++;
-			free_push(dt, i);
+			rec_free(t, DISK, i);
 		}
 	}
 	if (t->scan_done >= t->disk.old_records) {
 		t->warming = false;
+		/* the log goes on after the newest record of the earlier run */
+		if (t->restart_found)
+			dt->head = (t->scan_last_slot + 1) % dt->n;
 		tier_log(TLOG_INFO, "disk tier: warm restart: %llu records of the earlier run found "
 			 "and indexed again, %llu dropped (torn, duplicate or of no use)",
 			 (unsigned long long)t->restart_found, (unsigned long long)t->restart_dropped);
@@ -950,48 +1122,53 @@ static int inject(struct tiers *t, const struct disk_op *op, int res)
 	return res;
 }
 
-static void demote_done(struct tiers *t, struct disk_op *op, int res)
+/* a run written to disk (or not): the disk records hold the host records' bytes */
+static void flush_done(struct tiers *t, struct disk_op *op, int res)
 {
 	struct tier *ht = &t->t[HOST], *dt = &t->t[DISK];
-	struct tier_rec *hr = &ht->rec[op->host_rec], *dr = &dt->rec[op->rec];
+	bool ok = res >= 0 && (uint64_t)res == op->expect;
 
-	hr->users--;
-	t->demoting--;
 	t->probe_inflight = false;
-	if (hr->state == R_DEAD) {
-		/* dropped while written: the disk record goes too */
-		if (!hr->users)
-			free_push(ht, op->host_rec);
-		free_push(dt, op->rec);
-		return;
-	}
-	if (res < 0 || (uint64_t)res != op->expect) {
+	t->demoting -= op->nrec;
+	if (!ok) {
 		struct statvfs vfs;
 
-		free_push(dt, op->rec);
 		if (res < 0)
-			degrade(t, DISK, "write of record %u: %s", op->rec, strerror(-res));
+			degrade(t, DISK, "write of records %u..%u: %s", op->rec, op->rec + op->nrec - 1,
+				strerror(-res));
 		else if (fstatvfs(t->disk.fd, &vfs) == 0 &&
 			 (uint64_t)vfs.f_bavail * vfs.f_frsize < op->expect)
 			/* a short write where space ran out: the kernel's way of ENOSPC */
-			degrade(t, DISK, "write of record %u: %s (%d of %llu bytes written)", op->rec,
-				strerror(ENOSPC), res, (unsigned long long)op->expect);
-		else
-			degrade(t, DISK, "short write of record %u: %d of %llu bytes", op->rec, res,
+			degrade(t, DISK, "write of records %u..%u: %s (%d of %llu bytes written)",
+				op->rec, op->rec + op->nrec - 1, strerror(ENOSPC), res,
 				(unsigned long long)op->expect);
-		return; /* the host record stays: a copy still */
+		else
+			degrade(t, DISK, "short write of records %u..%u: %d of %llu bytes", op->rec,
+				op->rec + op->nrec - 1, res, (unsigned long long)op->expect);
+	} else {
+		recovered(t, DISK);
 	}
-	recovered(t, DISK);
-	*dr = (struct tier_rec){ .key = { hr->key[0], hr->key[1] }, .seq = hr->seq,
-				 .gen = dr->gen, .state = R_VALID };
-	dt->used++;
-	dt->records_in++;
-	dt->bytes_in += t->info->layout.block_bytes;
-	if (hr->state == R_VALID) {
-		/* the names move down, then the host record is free */
-		rename_loc(t, hr->key, rec_loc(t, HOST, op->host_rec), rec_loc(t, DISK, op->rec));
-		ht->used--;
-		free_push(ht, op->host_rec);
+	for (uint32_t k = 0; k < op->nrec; k++) {
+		uint32_t h = op->host_rec + k, i = op->rec + k;
+		struct tier_rec *hr = &ht->rec[h], *dr = &dt->rec[i];
+
+		hr->users--;
+		dr->other = TIER_NONE;
+		if (ok && hr->state == R_VALID) {
+			/* both hold it: the host copy is clean, and serves on */
+			*dr = (struct tier_rec){ .key = { hr->key[0], hr->key[1] }, .seq = hr->seq,
+						 .gen = dr->gen, .state = R_VALID, .other = h };
+			hr->other = i;
+			dt->used++;
+			dt->records_in++;
+			dt->bytes_in += t->info->layout.block_bytes;
+		} else {
+			/* not written, or nothing worth it: the host record stays
+			 * unwritten (the ring drops it when it comes round) */
+			rec_free(t, DISK, i);
+			if (hr->state == R_DEAD && !hr->users)
+				rec_free(t, HOST, h);
+		}
 	}
 }
 
@@ -1004,7 +1181,7 @@ static void fetch_done(struct tiers *t, struct disk_op *op, int res)
 	bool ok;
 
 	if (!--dt->rec[op->rec].users && dt->rec[op->rec].state == R_DEAD)
-		free_push(dt, op->rec);
+		rec_free(t, DISK, op->rec);
 	if (res < 0 || (uint64_t)res != op->expect) {
 		if (res < 0)
 			degrade(t, DISK, "read of record %u: %s", op->rec, strerror(-res));
@@ -1062,7 +1239,7 @@ static bool reap(struct tiers *t)
 		res = inject(t, op, res);
 		switch (op->kind) {
 		case OP_DEMOTE:
-			demote_done(t, op, res);
+			flush_done(t, op, res);
 			break;
 		case OP_FETCH:
 			fetch_done(t, op, res);
@@ -1169,9 +1346,13 @@ static void sleep_now(struct tiers *t, bool stalled)
 	struct epoll_event ev[4];
 	int n;
 
-	/* Dekker with the workers: they set their bit, then read sleeping */
+	/* Dekker with the workers: they set their bit, then read sleeping.
+	 * Requests that wait for a disk operation, and copies that wait for a
+	 * flush, are no reason to stay up: a completion wakes us. */
 	atomic_store(&p->sleeping, 1);
-	if (atomic_load(&p->fetch_pending) || (!stalled && dirty_pending(t))) {
+	atomic_thread_fence(memory_order_seq_cst); /* before dirty_pending()'s relaxed loads */
+	if ((atomic_load(&p->fetch_pending) && !t->fetch_blocked) ||
+	    (!stalled && dirty_pending(t))) {
 		atomic_store(&p->sleeping, 0);
 		return;
 	}
@@ -1207,6 +1388,16 @@ static void *run(void *arg)
 	struct tiers *t = arg;
 	uint64_t last_sweep = 0;
 
+	/*
+	 * Ahead of the workers on a busy machine: a copy made late is a block
+	 * lost to eviction, and what this thread does is bounded by what the
+	 * workers publish and fetch. Nice -10 where the agent may (root,
+	 * CAP_SYS_NICE, or a unit's LimitNICE=); said once where it may not.
+	 */
+	if (setpriority(PRIO_PROCESS, (id_t)syscall(SYS_gettid), TIER_NICE) < 0)
+		tier_log(TLOG_INFO, "the tier thread runs at the agent's priority (nice %d: %s): on "
+			 "a machine the workers keep busy it may fall behind them",
+			 TIER_NICE, strerror(errno));
 	while (!atomic_load_explicit(&t->stop, memory_order_relaxed)) {
 		uint64_t now = now_ns();
 		bool work = false, stalled = false, sweep = now - last_sweep > IDLE_MS * 1000000ull;
@@ -1215,11 +1406,18 @@ static void *run(void *arg)
 			last_sweep = now;
 		work |= reap(t);
 		work |= serve_requests(t, sweep);
+		wake(t);
 		work |= back_dirty(t, &stalled);
-		if (t->t[HOST].on)
-			work |= demote(t, stalled);
+		if (t->t[HOST].ring)
+			/* full runs as they come; what is left when nothing else is
+			 * to be done, or a copy waits for room */
+			work |= host_flush(t, stalled);
+		else
+			work |= demote(t);
 		if (t->warming)
 			work |= scan(t);
+		if (!work && t->t[HOST].ring && t->t[HOST].dirty)
+			work |= host_flush(t, true);
 		if (t->disk.ring_ok && io_uring_sq_ready(&t->disk.ring))
 			io_uring_submit(&t->disk.ring);
 		if (t->n_unreleased)
@@ -1242,24 +1440,27 @@ static void *run(void *arg)
 	}
 	atomic_store(&t->a->pool->tiers, 0);
 	fail_posted(t);
+	wake(t);
 	release_retry(t);
 	view(t);
 	return NULL;
 }
 
-static int tier_init(struct tier *tr, uint64_t n, uint64_t record_bytes, uint64_t free_from)
+static int tier_init(struct tier *tr, uint64_t n, uint64_t record_bytes, bool ring)
 {
 	tr->on = true;
+	tr->ring = ring;
 	tr->n = (uint32_t)n;
 	tr->record_bytes = record_bytes;
 	tr->rec = calloc(n ? n : 1, sizeof(*tr->rec));
 	if (!tr->rec)
 		return -ENOMEM;
-	tr->free_head = UINT32_MAX;
-	/* the free list in order: the lowest first */
-	for (uint64_t i = n; i-- > free_from;) {
+	tr->free_head = TIER_NONE;
+	for (uint64_t i = n; i-- > 0;) {
+		tr->rec[i].other = TIER_NONE;
+		/* the free list in order, the lowest first (a ring needs none) */
 		tr->rec[i].next_free = tr->free_head;
-		tr->free_head = (uint32_t)i;
+		tr->free_head = ring ? TIER_NONE : (uint32_t)i;
 	}
 	return 0;
 }
@@ -1299,16 +1500,20 @@ int tiers_start(const struct tier_config *c, struct kva_arena *a, struct kva_wor
 	if ((ret = host_mem_create(&t->host, host_bytes, c->host_node, c->host_hugepages, err,
 				   errlen)) < 0)
 		goto fail;
-	if ((ret = tier_init(&t->t[HOST], t->host.bytes / rec, rec, 0)) < 0)
+	if ((ret = tier_init(&t->t[HOST], t->host.bytes / rec, rec, c->disk_dir[0] != 0)) < 0)
 		goto fail;
 	if (c->disk_dir[0]) {
 		t->disk.qd = c->queue_depth ? c->queue_depth : 64;
 		if ((ret = disk_open(&t->disk, c, t->info, t->fp, err, errlen)) < 0 ||
 		    (ret = disk_ring(&t->disk, &t->host, t->info, err, errlen)) < 0)
 			goto fail;
-		if ((ret = tier_init(&t->t[DISK], t->disk.records, rec, t->disk.old_records)) < 0)
+		if ((ret = tier_init(&t->t[DISK], t->disk.records, rec, true)) < 0)
 			goto fail;
 		t->warming = t->disk.old_records > 0;
+		/* the log starts past the earlier run's records (the file grew),
+		 * or waits for their scan */
+		t->t[DISK].head = t->disk.old_records < t->disk.records ? (uint32_t)t->disk.old_records
+									: 0;
 		if (t->disk.inj.any)
 			tier_log(TLOG_WARN, "TEST FAULT INJECTION ACTIVE (KVA_TIER_INJECT=%s): the "
 				 "disk tier fails on purpose", c->inject);

@@ -95,6 +95,7 @@ int tier_inject_parse(const char *spec, struct tier_inject *inj, char *err, size
 
 /* The agent's own truth about one record slot. */
 enum { R_FREE = 0, R_VALID, R_WRITING, R_DEAD /* invalid: freed when its users are done */ };
+#define TIER_NONE UINT32_MAX
 struct tier_rec {
 	uint64_t key[2];
 	uint64_t seq;
@@ -102,16 +103,23 @@ struct tier_rec {
 	uint8_t state;
 	uint8_t ref;            /* clock: used since the hand last passed */
 	uint16_t users;         /* I/O in flight that reads (disk: fetches) or
-				 * writes from (host: demotions) this record */
-	uint32_t next_free;
+				 * writes from (host: flushes) this record */
+	uint32_t next_free;     /* host without disk: the free list */
+	uint32_t other;         /* host: the disk record holding the same bytes (clean);
+				 * disk: the host record it is a copy of; TIER_NONE */
 };
 
 /* One tier's private bookkeeping and counters. */
 #define TIER_HIST 512
 struct tier {
 	bool on;
+	bool ring;              /* host with a disk tier: a ring flushed to disk */
 	struct tier_rec *rec;
 	uint32_t n, used, hand, free_head;
+	/* the ring: head is where the next copy goes (host), or the next
+	 * record written (disk, a log); host: flush is the oldest record not
+	 * yet written to disk, dirty how many of them there are, [flush, head) */
+	uint32_t head, flush, dirty;
 	uint64_t record_bytes;
 	/* counters, copied to the arena's tier view */
 	uint64_t hits, records_in, bytes_in, bytes_out, io_errors, verify_failed, stale, dropped;
@@ -140,8 +148,8 @@ struct disk_op {
 	bool staged;                 /* OP_FETCH: read whole into staging, then copied */
 	uint32_t next_free;
 	uint32_t rec;                /* the disk record slot read or written */
-	uint32_t host_rec;           /* OP_DEMOTE: the host record written from */
-	uint32_t gen;                /* OP_DEMOTE: the disk record's new generation */
+	uint32_t host_rec;           /* OP_DEMOTE: the first host record written from */
+	uint32_t nrec;               /* OP_DEMOTE: how many, to as many disk records */
 	uint64_t expect;             /* bytes the operation must move */
 	/* OP_FETCH: the request being served */
 	uint32_t slot, item, ticket, dest;
@@ -196,15 +204,19 @@ struct tiers {
 	 * retried each round */
 	uint32_t *unreleased;
 	uint32_t n_unreleased, cap_unreleased;
-	uint64_t backed, back_skipped, fetch_requests, fetch_failed, doorbells;
+	uint64_t backed, back_skipped, fetch_requests, fetch_failed, doorbells, forwarded;
 	uint64_t scan_next, scan_done, restart_found, restart_dropped;
 	bool warming;
 	uint64_t last_view;
 	struct tier_piece *pieces;   /* scratch for one block's pieces */
 	uint32_t pieces_max;
-	uint32_t demoting;           /* demotion writes in flight */
+	uint32_t demoting;           /* records being written to disk */
+	uint64_t scan_last_seq;      /* warm restart: the newest record found, */
+	uint32_t scan_last_slot;     /* and where: the log goes on after it */
 	uint32_t serve_from;         /* the slot a round of requests starts at */
 	bool view_now;               /* something ops tools should see at once */
+	bool fetch_blocked;          /* requests wait for a free disk operation */
+	uint64_t wake;               /* slots whose requests finished this round */
 	bool probe_inflight;         /* the one write a degraded disk tier tries */
 };
 

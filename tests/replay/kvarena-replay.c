@@ -15,6 +15,12 @@
  * one fills (not published), and closes. Token ids are synthesised from the
  * hash ids, deterministically. Every published block carries a stamp of its
  * key, written before publication, which every matcher checks.
+ *
+ * With tiers (--host-fraction, --disk-fraction) the agent keeps evicted
+ * blocks in host memory and on disk; a request fetches what its match finds
+ * below (waiting up to --fetch-timeout) before computing the rest, and a
+ * token served from any tier counts as a hit (hit_ratio; hit_ratio_t1 counts
+ * the arena's alone). The fetched blocks' stamps are checked too.
  */
 #include <errno.h>
 #include <getopt.h>
@@ -52,6 +58,9 @@ struct opts {
 	uint32_t block_tokens;
 	size_t limit;
 	bool json;
+	double host_fraction, disk_fraction;  /* 0: no such tier */
+	const char *disk_dir;
+	uint32_t fetch_timeout_ms;
 };
 
 /* what workers report, in a shared anonymous mapping */
@@ -63,6 +72,9 @@ struct shared {
 	_Atomic uint64_t bad_stamps;  /* a matched block whose bytes were not its key's */
 	_Atomic uint64_t errors;      /* calls that failed */
 	_Atomic uint64_t enospc;
+	_Atomic uint64_t t1;          /* full trace blocks matched in the arena */
+	_Atomic uint64_t host, disk;  /* arena blocks fetched from the host / disk tier */
+	_Atomic uint64_t fetch_failed, fetch_ns, fetches;
 	char first_error[256];
 	_Atomic int first_error_set;
 };
@@ -94,6 +106,11 @@ static void usage(FILE *f)
 "                           below 512, arena blocks inside a request's partial\n"
 "                           trace block are published too\n"
 "  --limit N                the first N requests only (the simulations too)\n"
+"  --host-fraction F        a host-memory tier below the arena of F of the\n"
+"                           trace's unique full blocks (default 0: none)\n"
+"  --disk-fraction F        a disk tier of F of them (default 0: none)\n"
+"  --disk-dir DIR           where the disk tier's file goes (default /var/tmp)\n"
+"  --fetch-timeout MS       how long a request waits for a fetch (default 2000)\n"
 "  --json                   the JSON line only (progress goes to stderr otherwise)\n"
 "  --help\n",
 		MAX_WORKERS, KVA_REPLAY_AGENT);
@@ -114,6 +131,10 @@ static int parse_args(int argc, char **argv, struct opts *o)
 		{ "agent", required_argument, NULL, 'a' },
 		{ "block-tokens", required_argument, NULL, 'B' },
 		{ "limit", required_argument, NULL, 'L' },
+		{ "host-fraction", required_argument, NULL, 'H' },
+		{ "disk-fraction", required_argument, NULL, 'D' },
+		{ "disk-dir", required_argument, NULL, 'd' },
+		{ "fetch-timeout", required_argument, NULL, 'T' },
 		{ "json", no_argument, NULL, 'j' },
 		{ "help", no_argument, NULL, 'h' },
 		{ NULL, 0, NULL, 0 },
@@ -122,7 +143,8 @@ static int parse_args(int argc, char **argv, struct opts *o)
 
 	*o = (struct opts){ .workers = 4, .policy = "prefix", .agent = KVA_REPLAY_AGENT,
 			    .capacity_fraction = 0.1, .block_tokens = TRACE_BLOCK,
-			    .conversation_seed = 1, .conversation_requests = 4000 };
+			    .conversation_seed = 1, .conversation_requests = 4000,
+			    .disk_dir = "/var/tmp", .fetch_timeout_ms = 2000 };
 	opterr = 0;
 	while ((c = getopt_long(argc, argv, "", lo, NULL)) != -1) {
 		char *end = NULL;
@@ -141,6 +163,10 @@ static int parse_args(int argc, char **argv, struct opts *o)
 		case 'a': o->agent = optarg; break;
 		case 'B': o->block_tokens = (uint32_t)strtoul(optarg, &end, 10); break;
 		case 'L': o->limit = strtoull(optarg, &end, 10); break;
+		case 'H': o->host_fraction = strtod(optarg, &end); break;
+		case 'D': o->disk_fraction = strtod(optarg, &end); break;
+		case 'd': o->disk_dir = optarg; break;
+		case 'T': o->fetch_timeout_ms = (uint32_t)strtoul(optarg, &end, 10); break;
 		case 'j': o->json = true; break;
 		case 'h': usage(stdout); return 1;
 		default:
@@ -178,6 +204,15 @@ static int parse_args(int argc, char **argv, struct opts *o)
 			"%u blocks of %u tokens)\n", (unsigned long long)o->capacity_blocks,
 			KVA_MAX_BLOCKS / (TRACE_BLOCK / o->block_tokens), KVA_MAX_BLOCKS,
 			o->block_tokens);
+		return -EINVAL;
+	}
+	if (!(o->host_fraction >= 0 && o->host_fraction <= 16) ||
+	    !(o->disk_fraction >= 0 && o->disk_fraction <= 16)) {
+		fprintf(stderr, "kvarena-replay: --host-fraction, --disk-fraction: in [0, 16]\n");
+		return -EINVAL;
+	}
+	if (!o->fetch_timeout_ms || o->fetch_timeout_ms > 600000) {
+		fprintf(stderr, "kvarena-replay: --fetch-timeout: 1..600000 ms\n");
 		return -EINVAL;
 	}
 	if (!o->conversation_requests || o->conversation_requests > 1000000) {
@@ -230,8 +265,9 @@ static void stamp_make(const uint64_t key[2], struct stamp *s)
 
 /* one request, as the header comment says */
 static void serve(struct kva_worker *w, const struct rp_request *r, uint32_t bt,
-		  const uint64_t salt[2], struct shared *sh)
+		  const uint64_t salt[2], uint32_t fetch_timeout_ms, struct shared *sh)
 {
+	struct kva_match m;
 	struct kva_seq_opts so = { .kind = KVA_OWNER_INFERENCE, .model = "replay" };
 	size_t n_in = (size_t)r->input_len, full_tb = n_in / TRACE_BLOCK, matched = 0;
 	size_t n_tok = n_in < (size_t)r->n_hash * TRACE_BLOCK ? n_in : (size_t)r->n_hash * TRACE_BLOCK;
@@ -256,11 +292,35 @@ static void serve(struct kva_worker *w, const struct rp_request *r, uint32_t bt,
 		goto out;
 	}
 	/* only full trace blocks may match */
-	if ((ret = kva_seq_match(s, tok, full_tb * TRACE_BLOCK, &matched)) < 0) {
-		note_error(sh, "kva_seq_match", ret);
+	if ((ret = kva_seq_match_tiers(s, tok, full_tb * TRACE_BLOCK, &m)) < 0) {
+		note_error(sh, "kva_seq_match_tiers", ret);
 		goto out;
 	}
+	matched = m.tokens;
+	atomic_fetch_add(&sh->t1, matched / TRACE_BLOCK);
+	/* what is below: fetched, or (failed, timed out) computed */
+	if (m.below_tokens && (ret = kva_seq_fetch_start(s, 0)) == 0) {
+		struct kva_fetch_result fr;
+
+		ret = kva_seq_fetch_wait(s, (int)fetch_timeout_ms, &fr);
+		if (ret == -ETIMEDOUT)
+			ret = kva_seq_fetch_cancel(s, &fr);
+		if (ret < 0) {
+			note_error(sh, "kva_seq_fetch_wait", ret);
+			goto out;
+		}
+		atomic_fetch_add(&sh->host, fr.host_blocks);
+		atomic_fetch_add(&sh->disk, fr.disk_blocks);
+		atomic_fetch_add(&sh->fetch_failed, fr.failed_blocks);
+		atomic_fetch_add(&sh->fetch_ns, fr.ns);
+		atomic_fetch_add(&sh->fetches, 1);
+	} else if (m.below_tokens && ret != -ENOSPC && ret != -EDQUOT) {
+		note_error(sh, "kva_seq_fetch_start", ret);
+		goto out;
+	}
+	/* matched in the arena, then fetched from below: what the sequence has */
 	kva_seq_block_table(s, &ids, &nb, &nt);
+	matched = nt;
 	for (size_t j = 0; j < matched / bt; j++) {
 		struct stamp want;
 
@@ -324,7 +384,7 @@ static void worker_main(const struct opts *o, const char *socket, const struct r
 
 		if (i >= t->n)
 			break;
-		serve(w, &t->req[i], o->block_tokens, salt, sh);
+		serve(w, &t->req[i], o->block_tokens, salt, o->fetch_timeout_ms, sh);
 		atomic_fetch_add(&sh->done, 1);
 	}
 	kva_detach(w);
@@ -333,9 +393,10 @@ static void worker_main(const struct opts *o, const char *socket, const struct r
 /* our own agent: its arena holds the capacity plus what in-flight requests
  * hold outside the cache (a partial block and their decode blocks) */
 static pid_t start_agent(const struct opts *o, uint64_t blocks, uint64_t limit, char *dir,
-			 char *socket, size_t len)
+			 char *socket, size_t len, uint64_t host_bytes, uint64_t disk_bytes,
+			 const char *disk_dir)
 {
-	char b[32], bt[16], mw[16], cl[32];
+	char b[32], bt[16], mw[16], cl[32], hb[32], db[32];
 	pid_t pid;
 
 	snprintf(dir, 64, "/tmp/kvarena-replay-XXXXXX");
@@ -344,18 +405,34 @@ static pid_t start_agent(const struct opts *o, uint64_t blocks, uint64_t limit, 
 	snprintf(socket, len, "%s/agent.sock", dir);
 	snprintf(b, sizeof(b), "%llu", (unsigned long long)blocks);
 	snprintf(bt, sizeof(bt), "%u", o->block_tokens);
-	snprintf(mw, sizeof(mw), "%u", o->workers + 1);
+	/* a slot besides for our observer, and one for the agent with tiers */
+	snprintf(mw, sizeof(mw), "%u", o->workers + 1 + (host_bytes || disk_bytes));
 	snprintf(cl, sizeof(cl), "%llu", (unsigned long long)limit);
+	snprintf(hb, sizeof(hb), "%llu", (unsigned long long)host_bytes);
+	snprintf(db, sizeof(db), "%llu", (unsigned long long)disk_bytes);
 	pid = fork();
 	if (pid < 0)
 		return -errno;
 	if (pid == 0) {
-		const char *argv[] = { o->agent, "--socket", socket, "--blocks", b,
-				       "--block-tokens", bt, "--layers", "1", "--kv-heads", "1",
-				       "--head-dim", "8", "--dtype", "f16", "--worker-cache", "0",
-				       "--max-workers", mw, "--evict-policy", o->policy,
-				       "--cache-limit", cl,
-				       "--log-level", "warn", "--check-interval", "0", NULL };
+		const char *argv[40] = { o->agent, "--socket", socket, "--blocks", b,
+					 "--block-tokens", bt, "--layers", "1", "--kv-heads", "1",
+					 "--head-dim", "8", "--dtype", "f16", "--worker-cache", "0",
+					 "--max-workers", mw, "--evict-policy", o->policy,
+					 "--cache-limit", cl,
+					 "--log-level", "warn", "--check-interval", "0" };
+		unsigned n = 25;
+
+		if (host_bytes) {
+			argv[n++] = "--host-bytes";
+			argv[n++] = hb;
+		}
+		if (disk_bytes) {
+			argv[n++] = "--disk-dir";
+			argv[n++] = disk_dir;
+			argv[n++] = "--disk-bytes";
+			argv[n++] = db;
+		}
+		argv[n] = NULL;
 
 		prctl(PR_SET_PDEATHSIG, SIGTERM);
 		execvp(o->agent, (char *const *)argv);
@@ -386,9 +463,11 @@ int main(int argc, char **argv)
 	struct rp_trace t = { 0 };
 	struct rp_sim_result inf, lru, bel;
 	struct kva_prefix_stats ps = { 0 };
+	struct kva_tiers_stats ts = { 0 };
 	struct kva_arena *obs;
 	struct shared *sh;
-	char dir[64] = "", sock[128], err[256];
+	char dir[64] = "", sock[128], err[256], disk_dir[300] = "";
+	uint64_t host_bytes = 0, disk_bytes = 0;
 	const char *socket;
 	uint64_t cap, arena_blocks, max_out = 0, max_in = 0;
 	pid_t agent = 0, pids[MAX_WORKERS];
@@ -439,6 +518,33 @@ int main(int argc, char **argv)
 		return 2;
 	}
 
+	/* the tiers, sized in the trace's unique blocks like the cache */
+	if (o.host_fraction > 0 || o.disk_fraction > 0) {
+		struct kva_geometry g = { .block_tokens = o.block_tokens, .layers = 1, .kv_heads = 1,
+					  .head_dim = 8, .dtype = KVA_F16,
+					  .layout = KVA_LAYOUT_BLOCK_MAJOR };
+		struct kva_block_layout l;
+		uint64_t per = TRACE_BLOCK / o.block_tokens, rec;
+
+		if (kva_geometry_layout(&g, 1, &l) < 0) {
+			fprintf(stderr, "kvarena-replay: geometry: %s\n", kva_errmsg());
+			return 2;
+		}
+		rec = kva_tier_record_bytes(l.block_bytes);
+		host_bytes = (uint64_t)(o.host_fraction * (double)t.unique_full) * per * rec;
+		if (o.host_fraction > 0 && host_bytes < rec)
+			host_bytes = rec;
+		if (o.disk_fraction > 0) {
+			disk_bytes = 4096 + (uint64_t)(o.disk_fraction * (double)t.unique_full) * per * rec;
+			snprintf(disk_dir, sizeof(disk_dir), "%s/kvarena-replay-XXXXXX", o.disk_dir);
+			if (!mkdtemp(disk_dir)) {
+				fprintf(stderr, "kvarena-replay: --disk-dir %s: %s\n", o.disk_dir,
+					strerror(errno));
+				return 1;
+			}
+		}
+	}
+
 	/* the same trace at the same capacity, offline */
 	rp_sim(&t, RP_SIM_INFINITE, cap, &inf);
 	rp_sim(&t, RP_SIM_LRU, cap, &lru);
@@ -456,7 +562,7 @@ int main(int argc, char **argv)
 		socket = o.socket;
 	} else {
 		agent = start_agent(&o, arena_blocks, cap * (TRACE_BLOCK / o.block_tokens), dir, sock,
-				    sizeof(sock));
+				    sizeof(sock), host_bytes, disk_bytes, disk_dir);
 		if (agent < 0) {
 			fprintf(stderr, "kvarena-replay: starting %s: %s\n", o.agent,
 				strerror((int)-agent));
@@ -503,6 +609,7 @@ int main(int argc, char **argv)
 		struct kva_check_report cr;
 
 		kva_arena_prefix_stats(obs, &ps);
+		kva_arena_tier_stats(obs, &ts);
 		if (kva_arena_check(obs, &cr) < 0) {
 			fprintf(stderr, "kvarena-replay: arena check: %s\n", kva_errmsg());
 			status = 1;
@@ -513,6 +620,13 @@ int main(int argc, char **argv)
 		kill(agent, SIGTERM);
 		waitpid(agent, NULL, 0);
 		rmdir(dir);
+	}
+	if (disk_dir[0]) {
+		char file[400];
+
+		snprintf(file, sizeof(file), "%s/kvarena-kvarena.tier", disk_dir);
+		unlink(file);
+		rmdir(disk_dir);
 	}
 	if (atomic_load(&sh->errors) || atomic_load(&sh->bad_stamps) ||
 	    atomic_load(&sh->done) < t.n) {
@@ -529,7 +643,7 @@ int main(int argc, char **argv)
 	       "\"workers\":%u,\"block_tokens\":%u,\"policy\":\"%s\",\"hit_ratio\":%.4f,"
 	       "\"evictions\":%llu,\"infinite_ratio\":%.4f,\"lru_ratio\":%.4f,"
 	       "\"belady_ratio\":%.4f,\"ratio_vs_lru\":%.4f,\"ratio_vs_belady\":%.4f,"
-	       "\"enospc\":%llu,\"bad_stamps\":%llu,\"seconds\":%.2f}\n",
+	       "\"enospc\":%llu,\"bad_stamps\":%llu,\"seconds\":%.2f",
 	       o.conversation ? "conversation" : o.trace, t.n, (unsigned long long)sh->full,
 	       (unsigned long long)t.unique_full, (unsigned long long)cap,
 	       (double)cap / (double)t.unique_full, o.workers, o.block_tokens, o.policy, hit,
@@ -537,6 +651,32 @@ int main(int argc, char **argv)
 	       lru.hit_ratio > 0 ? hit / lru.hit_ratio : 0.0,
 	       bel.hit_ratio > 0 ? hit / bel.hit_ratio : 0.0,
 	       (unsigned long long)sh->enospc, (unsigned long long)sh->bad_stamps, secs);
+	/* with tiers: where the hits came from, what the fetches cost */
+	printf(",\"host_fraction\":%.4f,\"disk_fraction\":%.4f,\"hit_ratio_t1\":%.4f,"
+	       "\"ratio_vs_infinite\":%.4f,\"hits_host_blocks\":%llu,\"hits_disk_blocks\":%llu,"
+	       "\"fetch_failed_blocks\":%llu,\"fetches\":%llu,\"fetch_bytes\":%llu,"
+	       "\"fetch_seconds\":%.3f,\"backed\":%llu,\"back_skipped\":%llu,"
+	       "\"unbacked_evictions\":%llu,"
+	       "\"disk_direct\":%s}\n",
+	       o.host_fraction, o.disk_fraction,
+	       sh->full ? (double)sh->t1 / (double)sh->full : 0.0,
+	       inf.hit_ratio > 0 ? hit / inf.hit_ratio : 0.0, (unsigned long long)sh->host,
+	       (unsigned long long)sh->disk, (unsigned long long)sh->fetch_failed,
+	       (unsigned long long)sh->fetches,
+	       (unsigned long long)(ts.tier[KVA_TIER_HOST].bytes_out +
+				    ts.tier[KVA_TIER_DISK].bytes_out),
+	       (double)sh->fetch_ns / 1e9, (unsigned long long)ts.backed,
+	       (unsigned long long)ts.back_skipped, (unsigned long long)ts.unbacked_evictions,
+	       ts.tier[KVA_TIER_DISK].direct ? "true" : "false");
+	if (!o.json && (o.host_fraction > 0 || o.disk_fraction > 0))
+		fprintf(stderr, "replay: tiers: %.3f of the unbounded cache's hit ratio; in the arena "
+			"%.3f, then %llu blocks from host memory, %llu from disk (%llu not fetched), "
+			"%llu fetches in %.2f s; %llu blocks evicted before a copy was made\n",
+			inf.hit_ratio > 0 ? hit / inf.hit_ratio : 0.0,
+			sh->full ? (double)sh->t1 / (double)sh->full : 0.0,
+			(unsigned long long)sh->host, (unsigned long long)sh->disk,
+			(unsigned long long)sh->fetch_failed, (unsigned long long)sh->fetches,
+			(double)sh->fetch_ns / 1e9, (unsigned long long)ts.unbacked_evictions);
 	if (!o.json)
 		fprintf(stderr, "replay: hit ratio %.3f with policy %s: %.3fx LRU's %.3f, %.2f of "
 			"Belady's %.3f (unbounded %.3f); %llu evictions, %llu blocks matched of "
