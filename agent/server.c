@@ -329,9 +329,8 @@ static int reopen_ro(int fd)
 static int welcome(struct agent *ag, struct client *cl, bool ro)
 {
 	const struct kva_arena_info *info = kva_arena_info(ag->a);
-	int fds[3] = { kva_arena_meta_fd(ag->a), kva_arena_data_fd(ag->a),
-		       tiers_doorbell(ag->tiers) }, ret;
-	int nfds = !ro && fds[2] >= 0 ? 3 : 2;
+	int fds[4] = { kva_arena_meta_fd(ag->a), kva_arena_data_fd(ag->a),
+		       tiers_doorbell(ag->tiers), -1 }, ret, nfds = 2;
 	struct slot_entry *e = ro ? NULL : &ag->slots[cl->slot];
 	union kva__msg m;
 
@@ -339,7 +338,17 @@ static int welcome(struct agent *ag, struct client *cl, bool ro)
 	m.welcome.slot = ro ? KVA__NO_SLOT : cl->slot;
 	m.welcome.generation = ro ? 0 : e->gen;
 	m.welcome.agent_pid = getpid();
-	m.welcome.flags = ro ? KVA__WELCOME_READONLY : nfds == 3 ? KVA__WELCOME_DOORBELL : 0;
+	m.welcome.flags = ro ? KVA__WELCOME_READONLY : 0;
+	if (!ro && fds[2] >= 0) {
+		/* the tiers: the doorbell, and the host tier to copy from,
+		 * read-only (a new open file description, like an observer's) */
+		nfds = 3;
+		m.welcome.flags |= KVA__WELCOME_DOORBELL;
+		if (tiers_host_fd(ag->tiers) >= 0 && (fds[3] = reopen_ro(tiers_host_fd(ag->tiers))) >= 0) {
+			nfds = 4;
+			m.welcome.flags |= KVA__WELCOME_HOSTTIER;
+		}
+	}
 	m.welcome.meta_bytes = info->meta_bytes;
 	m.welcome.data_bytes = info->layout.data_bytes;
 	kva__msg_str(m.welcome.arena, sizeof(m.welcome.arena), info->name);
@@ -348,6 +357,8 @@ static int welcome(struct agent *ag, struct client *cl, bool ro)
 		fds[1] = reopen_ro(fds[1]);
 	}
 	ret = fds[0] < 0 || fds[1] < 0 ? -errno : kva__sock_send(cl->fd, &m, fds, nfds);
+	if (fds[3] >= 0)
+		close(fds[3]);
 	if (ro) {
 		if (fds[0] >= 0)
 			close(fds[0]);

@@ -81,13 +81,15 @@ struct kva__header {
 #define KVA__HDR_SEED 0x6b76617265616e61ull
 
 /* slot counters; the same indices in kva__pool.gone. BELOW: full blocks a
- * match found in a tier below the arena; FETCHED / FETCH_FAILED: blocks a
- * fetch brought up / did not; UNBACKED: cached blocks evicted, while tiers
- * run, before the agent had copied them below (their data is gone) */
+ * match found in a tier below the arena; FETCHED_*: blocks a fetch brought
+ * up from each tier, checked; FETCH_FAILED: not; UNBACKED: cached blocks
+ * evicted, while tiers run, before the agent had copied them below (their
+ * data is gone); VERIFY_*: records whose bytes did not hash to their header */
 enum { KVA__SC_HITS, KVA__SC_MISSES, KVA__SC_PUBLISHED, KVA__SC_DUPLICATES,
-       KVA__SC_EVICTIONS, KVA__SC_STALE, KVA__SC_INDEX_FULL, KVA__SC_BELOW, KVA__SC_FETCHED,
-       KVA__SC_FETCH_FAILED, KVA__SC_UNBACKED, KVA__SC_N };
-#define KVA__SC_MAX 12
+       KVA__SC_EVICTIONS, KVA__SC_STALE, KVA__SC_INDEX_FULL, KVA__SC_BELOW, KVA__SC_FETCHED_HOST,
+       KVA__SC_FETCHED_DISK, KVA__SC_FETCH_FAILED, KVA__SC_UNBACKED, KVA__SC_VERIFY_HOST,
+       KVA__SC_VERIFY_DISK, KVA__SC_N };
+#define KVA__SC_MAX 16
 _Static_assert(KVA__SC_N <= KVA__SC_MAX, "slot counters fit their words");
 
 /* the words of one tier in the agent's report (struct kva__tier_view) */
@@ -267,7 +269,7 @@ struct kva__slot {
 #define KVA__START_BITS 40
 #define KVA__START_MASK ((1ull << KVA__START_BITS) - 1)
 
-_Static_assert(sizeof(struct kva__slot) == 384, "one slot is six cache lines");
+_Static_assert(sizeof(struct kva__slot) == 512, "one slot is eight cache lines");
 
 /* Slot state word: kind (2 bits) | generation (24 bits) | pid (32 bits). */
 #define KVA__S_KIND_SHIFT 62
@@ -498,6 +500,40 @@ struct kva__bmeta {
  * arena and the descriptor, loc against its own table, key against the
  * record.
  */
+/*
+ * A record of the tiers below the arena: the same bytes in both tiers, so
+ * that moving one down a tier is one write of them.
+ *
+ *   [0, 4096)            header: struct kva__rec_hdr, then zeros
+ *   [4096, 4096 + data)  the block's bytes in canonical order: every
+ *                        (layer, K/V) page in turn, then their int8 scales
+ *                        (a block-major block as it lies; a layer-major
+ *                        block gathered), zero-padded to 4096
+ *
+ * The header carries the key, the geometry's fingerprint, the length, an
+ * XXH3-64 of the data and one of itself (prefix/record.c). In the host tier,
+ * which workers map read-only and copy from themselves, magic is a seqlock:
+ * the agent clears it (then a release fence) before it writes a record's
+ * bytes, and stores it (release) after the rest of the header; a reader
+ * reads magic (acquire), the header, the bytes, then (after an acquire
+ * fence) magic and seq again, and trusts the copy only if neither moved and
+ * the data's hash is the header's.
+ */
+#define KVA__REC_HDR_BYTES 4096u
+#define KVA__REC_ALIGN 4096u
+#define KVA__REC_MAGIC 0x31434552415641ebull
+#define KVA__REC_FORMAT 1u
+struct kva__rec_hdr {
+	_Atomic uint64_t magic;
+	uint32_t format, hdr_bytes;
+	uint64_t fingerprint;   /* kva__rec_fingerprint() of the arena that wrote it */
+	uint64_t key[2];
+	uint64_t length;        /* data bytes (the block's bytes) */
+	uint64_t data_hash;     /* XXH3-64 of the data */
+	uint64_t seq;           /* the writer's order: the newer of two wins at restart */
+	uint64_t hdr_hash;      /* XXH3-64 of the fields above */
+};
+
 enum { KVA__F_FREE = 0, KVA__F_POSTED = 1, KVA__F_BUSY = 2, KVA__F_DONE = 3, KVA__F_FAILED = 4 };
 #define KVA__F_TICKET_MASK 0x0fffffffu
 static inline uint32_t kva__f_word(uint32_t kind, uint32_t ticket)
@@ -530,9 +566,31 @@ struct kva__fitem {
 	_Atomic uint32_t dest_epoch;
 	_Atomic uint32_t result;       /* agent: KVA__FR_* | tier << 8 */
 	_Atomic uint64_t key[2];
-	_Atomic uint64_t loc;
+	_Atomic uint64_t loc;          /* worker: where; agent, on DONE: where it was served from */
 	_Atomic uint64_t posted_ns;    /* CLOCK_MONOTONIC at posting: the agent's latency figure */
+	_Atomic uint64_t data_hash;    /* agent, on DONE: what the block's bytes must hash to */
+	uint64_t pad;
 };
+
+/*
+ * Latency histograms: log-linear, four buckets a power of two, up to ~8 s.
+ * kva__hist_value is the smallest value of a bucket.
+ */
+#define KVA__HIST_N 128u
+static inline unsigned kva__hist_bucket(uint64_t ns)
+{
+	unsigned lg, b;
+
+	if (ns < 4)
+		return (unsigned)ns;
+	lg = 63 - (unsigned)__builtin_clzll(ns);
+	b = (lg - 1) * 4 + (unsigned)((ns >> (lg - 2)) & 3);
+	return b < KVA__HIST_N ? b : KVA__HIST_N - 1;
+}
+static inline uint64_t kva__hist_value(unsigned b)
+{
+	return b < 4 ? b : (uint64_t)(4 + b % 4) << (b / 4 - 1);
+}
 
 #define KVA__FETCH_ITEMS 128u
 
@@ -543,9 +601,15 @@ struct kva__fitem {
  * (a Dekker pair with the agent's bump-then-read of waiting). Written by the
  * slot's worker (items it owns, waiting) and the agent (done, item results).
  */
+#define KVA__REJECTS 4u
 struct kva__fetch_area {
 	alignas(64) _Atomic uint32_t done;
 	_Atomic uint32_t waiting;
+	/* the worker: the last records it found corrupt (locations, 0: none),
+	 * for the agent to drop; its host-tier copies' latencies */
+	alignas(64) _Atomic uint64_t reject[KVA__REJECTS];
+	_Atomic uint32_t reject_next;
+	_Atomic uint64_t host_hist[KVA__HIST_N];
 	alignas(64) struct kva__fitem item[KVA__FETCH_ITEMS];
 };
 
@@ -604,6 +668,10 @@ struct kva_worker {
 	 * by kva_attach), and our fetch requests' private state (one malloc) */
 	int doorbell;
 	struct kva__fetcher *fetcher;
+	/* the host tier, mapped read-only (set by kva_attach; NULL: none) */
+	const uint8_t *host_map;
+	uint64_t host_bytes;
+	uint64_t rec_fp;           /* kva__rec_fingerprint of our arena */
 	void (*on_leave)(struct kva_worker *w, void *ctx);
 	void *on_leave_ctx;
 };

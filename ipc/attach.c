@@ -11,9 +11,11 @@
 #include <errno.h>
 #include <stdlib.h>
 #include <string.h>
+#include <sys/mman.h>
+#include <sys/stat.h>
 #include <unistd.h>
 
-#include "arena_pvt.h"
+#include "prefix_pvt.h"
 #include "proto_pvt.h"
 
 #define ATTACH_TIMEOUT_MS 5000
@@ -22,6 +24,8 @@
 struct attach {
 	int fd;                   /* the connection to the agent */
 	int doorbell;             /* the tiers' doorbell, or -1 */
+	void *host_map;           /* the host tier, mapped read-only, or NULL */
+	size_t host_bytes;
 	struct kva_arena *arena;  /* our mapping of its arena */
 	bool stopping;            /* the agent said SHUTDOWN */
 };
@@ -91,6 +95,22 @@ fail:
 	return ret;
 }
 
+/* the host tier, read-only: workers copy its records themselves */
+static int map_host_tier(struct attach *at, int fd)
+{
+	struct stat st;
+	void *p;
+
+	if (fstat(fd, &st) < 0 || st.st_size <= 0)
+		return kva__err(-EPROTO, "protocol: the host tier's fd is not a memory file");
+	p = mmap(NULL, (size_t)st.st_size, PROT_READ, MAP_SHARED, fd, 0);
+	if (p == MAP_FAILED)
+		return kva__err(-errno, "mapping the host tier: %s", strerror(errno));
+	at->host_map = p;
+	at->host_bytes = (size_t)st.st_size;
+	return 0;
+}
+
 static void send_bye(int fd)
 {
 	union kva__msg m;
@@ -108,6 +128,8 @@ static void attach_leave(struct kva_worker *w, void *ctx)
 	close(at->fd);
 	if (at->doorbell >= 0)
 		close(at->doorbell);
+	if (at->host_map)
+		munmap(at->host_map, at->host_bytes);
 	kva_arena_close(at->arena);
 	free(at);
 }
@@ -133,6 +155,10 @@ int kva_attach(const char *socket_path, const char *name, struct kva_worker **ou
 	ret = kva_arena_open(fds[0], fds[1], &a);
 	close(fds[0]);
 	close(fds[1]);
+	if (ret == 0 && (wel.flags & KVA__WELCOME_HOSTTIER))
+		ret = map_host_tier(at, fds[3]);
+	if (wel.flags & KVA__WELCOME_HOSTTIER)
+		close(fds[3]);
 	if (ret < 0)
 		goto fail;
 	if (kva_arena_info(a)->meta_bytes != wel.meta_bytes) {
@@ -158,6 +184,9 @@ int kva_attach(const char *socket_path, const char *name, struct kva_worker **ou
 	at->fd = fd;
 	at->arena = a;
 	(*out)->doorbell = at->doorbell;
+	(*out)->host_map = at->host_map;
+	(*out)->host_bytes = at->host_bytes;
+	(*out)->rec_fp = kva__rec_fingerprint(kva_arena_info(a));
 	(*out)->on_leave = attach_leave;
 	(*out)->on_leave_ctx = at;
 	return 0;
@@ -167,6 +196,8 @@ fail:
 	close(fd);
 	if (at->doorbell >= 0)
 		close(at->doorbell);
+	if (at->host_map)
+		munmap(at->host_map, at->host_bytes);
 	kva_arena_close(a);
 	free(at);
 	kva__err_hold(false);

@@ -92,9 +92,11 @@ int kva__msg_decode(const void *buf, size_t len, int nfds, union kva__msg *out)
 		return BAD("%s of %zu bytes, it has %zu%s", what, len, msg_size[h.type],
 			   len > msg_size[h.type] ? " (trailing bytes)" : "");
 	memcpy(&m, buf, len);
-	/* a WELCOME brings the two regions, and the tiers' doorbell if it says so */
+	/* a WELCOME brings the two regions, then the tiers' doorbell and host
+	 * tier if it says so */
 	if (nfds != (h.type != KVA__MSG_WELCOME ? 0
-		     : m.welcome.flags & KVA__WELCOME_DOORBELL ? 3 : 2))
+		     : 2 + !!(m.welcome.flags & KVA__WELCOME_DOORBELL) +
+			       !!(m.welcome.flags & KVA__WELCOME_HOSTTIER)))
 		return BAD("%s with %d file descriptors", what, nfds);
 
 	switch (h.type) {
@@ -107,8 +109,12 @@ int kva__msg_decode(const void *buf, size_t len, int nfds, union kva__msg *out)
 			return BAD("HELLO name not a terminated, zero-padded string");
 		break;
 	case KVA__MSG_WELCOME:
-		if (m.welcome.flags & ~(KVA__WELCOME_READONLY | KVA__WELCOME_DOORBELL))
+		if (m.welcome.flags & ~(KVA__WELCOME_READONLY | KVA__WELCOME_DOORBELL |
+					KVA__WELCOME_HOSTTIER))
 			return BAD("WELCOME with unknown flags %#x", m.welcome.flags);
+		if ((m.welcome.flags & KVA__WELCOME_HOSTTIER) &&
+		    !(m.welcome.flags & KVA__WELCOME_DOORBELL))
+			return BAD("WELCOME with a host tier and no doorbell");
 		if (m.welcome.slot == KVA__NO_SLOT
 			    ? !(m.welcome.flags & KVA__WELCOME_READONLY)
 			    : m.welcome.slot >= KVA_MAX_WORKERS)

@@ -12,7 +12,8 @@
  *                                <----   WELCOME (slot, generation, sizes)
  *                                        + metadata and data fds (and, with
  *                                        tiers, the eventfd a worker writes
- *                                        to wake the agent's tier thread)
+ *                                        to wake the agent's tier thread, and
+ *                                        the host tier's memory, read-only)
  *                                <----   or REFUSE (reason, text); then close
  *   ADOPTED                      ---->   the slot is adopted (LIVE): what the
  *                                        agent restores if a worker overwrites it
@@ -63,6 +64,7 @@ struct kva__hello {
 
 #define KVA__WELCOME_READONLY 0x1u /* the fds are read-only */
 #define KVA__WELCOME_DOORBELL 0x2u /* a third fd: the tiers' doorbell (an eventfd) */
+#define KVA__WELCOME_HOSTTIER 0x4u /* and a fourth: the host tier, read-only */
 
 struct kva__welcome {
 	struct kva__msg_hdr h;
@@ -142,7 +144,7 @@ const char *kva__refusal_name(uint32_t reason);
 const char *kva__msg_type_name(uint32_t type);
 
 /* sock.c */
-#define KVA__MAX_FDS 3
+#define KVA__MAX_FDS 4
 
 int kva__sock_send(int fd, const union kva__msg *m, const int *fds, int nfds);
 /*

@@ -5,18 +5,25 @@
  * fetching it through the agent.
  *
  * A fetch, step by step (the crash argument for each):
+ *   0. a block in the host tier is copied here, from the tier's memory
+ *      (mapped read-only), under its record's seqlock, and checked against
+ *      its key and hash (host_copy): no agent, no wait. What follows is for
+ *      the rest (the disk tier's, and a host record rewritten meanwhile).
  *   1. fresh blocks, allocated and made SHARED with our bit alone: a death
  *      here is an ordinary reclaim (our bit dropped, the last holder frees)
  *   2. one request per block in our slot's fetch area (arena_pvt.h), POSTED,
  *      our fetch_pending bit set, the doorbell rung if the agent sleeps
  *   3. the agent takes a request (POSTED -> BUSY), joins the block (its bit
  *      too: so nobody, reclaim included, frees it while it is written), reads
- *      and verifies the record into it, drops its bit, stores DONE or FAILED.
+ *      the record into it, checks its header, drops its bit, stores DONE
+ *      (with the hash the bytes must have) or FAILED.
  *      A death of ours before it joins: reclaim freed the block and the
  *      agent's join fails on the epoch; after: reclaim drops our bit, the
  *      agent's drop frees the block
  *   4. we take each served block back as our own (SHARED{us} -> OWNED, one
- *      CAS) and publish it under its key, which takes its spilled entry over
+ *      CAS), hash it (nothing is used before its bytes are checked: a record
+ *      that does not verify is reported to the agent, which drops it), and
+ *      publish it under its key, which takes its spilled entry over
  *      (index.c); its copy below stays its backing (the same bytes)
  * Blocks served in order from the first are attached to the sequence; one
  * served after a block that was not is published and let go (cached): the
@@ -41,16 +48,23 @@ struct kva__fetcher {
 	uint8_t mine[KVA__FETCH_ITEMS];
 };
 
-/* a block of a fetch: not posted yet, posted, served, or not */
-enum { B_WAIT, B_POSTED, B_OK, B_FAIL, B_ABANDONED };
+/*
+ * A block of a fetch: to copy here from the host tier (HOST), for the agent
+ * and not posted yet (WAIT), posted (POSTED), served by the agent and not
+ * checked yet (DONE), ours and checked (OK), not served (FAIL), or given up
+ * while the agent still writes it (ABANDONED).
+ */
+enum { B_HOST, B_WAIT, B_POSTED, B_DONE, B_OK, B_FAIL, B_ABANDONED };
 struct kva__fblk {
 	uint32_t dest, dest_epoch;
 	uint32_t item, ticket;
 	uint8_t st, tier;
+	uint64_t hash;             /* DONE: what the record says the bytes hash to */
+	uint64_t loc;              /* DONE: where the agent served it from */
 };
 
 struct kva__fetch {
-	size_t n, posted;
+	size_t n, posted, next;    /* next: the first block not settled in order */
 	uint64_t t0, next_alive_check;
 	struct kva__fblk b[];
 };
@@ -131,12 +145,6 @@ void kva__look_below(struct kva_seq *s, const int32_t *tokens, size_t m, size_t 
 		kva__sc_add(s->w, KVA__SC_BELOW, n);
 }
 
-uint64_t kva_tier_record_bytes(uint64_t block_bytes)
-{
-	/* the record format of tiers/tiers_pvt.h */
-	return 4096 + (block_bytes + 4095) / 4096 * 4096;
-}
-
 /* ------------------------------------------------------------ items */
 
 static struct kva__fetch_area *area(struct kva_worker *w)
@@ -204,7 +212,114 @@ static uint32_t ticket_next(struct kva_worker *w, struct kva__fetcher *f)
 	return (w->gen & 0xfffu) << 16 | (++f->count & 0xffffu);
 }
 
-/* post what is waiting, as far as items go */
+/* ------------------------------------------------------------ the host tier */
+
+/* a record that did not verify: the agent drops it (it keeps the last few) */
+static void reject(struct kva_worker *w, uint64_t loc, bool disk)
+{
+	struct kva__fetch_area *fa = area(w);
+	uint32_t k = atomic_load_explicit(&fa->reject_next, memory_order_relaxed);
+
+	atomic_store_explicit(&fa->reject[k % KVA__REJECTS], loc, memory_order_relaxed);
+	atomic_store_explicit(&fa->reject_next, k + 1, memory_order_relaxed);
+	kva__sc_add(w, disk ? KVA__SC_VERIFY_DISK : KVA__SC_VERIFY_HOST, 1);
+}
+
+static void hist_add(struct kva_worker *w, uint64_t ns)
+{
+	_Atomic uint64_t *b = &area(w)->host_hist[kva__hist_bucket(ns)];
+
+	/* ours alone to write: a relaxed load and store */
+	atomic_store_explicit(b, atomic_load_explicit(b, memory_order_relaxed) + 1,
+			      memory_order_relaxed);
+}
+
+/*
+ * host_copy - record @loc of the host tier into block @dest (ours alone), by
+ * the seqlock of arena_pvt.h: magic (acquire), the header checked against
+ * @key, the bytes copied and hashed, then (acquire fence) the header again.
+ * The agent never waits for us: a record it rewrote meanwhile shows in the
+ * header and we give the block to the agent instead. A record that holds
+ * still and does not hash to its header is corrupt: reported, never used.
+ */
+static bool host_copy(struct kva_worker *w, uint32_t dest, const uint64_t key[2], uint64_t loc)
+{
+	struct kva_arena *a = w->arena;
+	uint64_t bb = a->info.layout.block_bytes, rb = kva_tier_record_bytes(bb);
+	uint64_t t0 = now_ns(), slot = kva__loc_slot(loc);
+	const struct kva__rec_hdr *hp;
+	struct kva__rec_hdr h, again;
+	bool ok;
+
+	if (!w->host_map || (slot + 1) * rb > w->host_bytes)
+		return false;
+	hp = (const struct kva__rec_hdr *)(w->host_map + slot * rb);
+	if (atomic_load_explicit(&hp->magic, memory_order_acquire) != KVA__REC_MAGIC)
+		return false;
+	memcpy(&h, hp, sizeof(h));
+	if (kva__rec_hdr_check(&h, w->rec_fp, key, bb))
+		return false;
+	ok = kva__rec_scatter(a, dest, (const uint8_t *)hp + KVA__REC_HDR_BYTES, h.data_hash);
+	atomic_thread_fence(memory_order_acquire);
+	memcpy(&again, hp, sizeof(again));
+	if (memcmp(&h, &again, sizeof(h)))
+		return false; /* rewritten while we copied */
+	if (!ok) {
+		reject(w, loc, false);
+		return false;
+	}
+	hist_add(w, now_ns() - t0);
+	return true;
+}
+
+/* give block @j to the agent: the request in its meta, shared for its join */
+static void for_agent(struct kva_worker *w, struct kva_seq *s, struct kva__fblk *b, size_t j)
+{
+	struct kva__bmeta *m = &w->arena->bmeta[b->dest];
+
+	b->ticket = ticket_next(w, w->fetcher);
+	/* the request in the block's meta, which is ours to write while we
+	 * hold it alone (arena_pvt.h, kva__fetch_tag) */
+	atomic_store_explicit(&m->key[0], s->below[j].key[0], memory_order_relaxed);
+	atomic_store_explicit(&m->key[1], s->below[j].key[1], memory_order_relaxed);
+	atomic_store_explicit(&m->backing, kva__fetch_tag(w->slot_id, b->ticket),
+			      memory_order_relaxed);
+	/* ours alone, so a store: SHARED with our bit alone, which is what the
+	 * agent's join will insist on. release: the meta above before the
+	 * agent's acquire join */
+	atomic_store_explicit(&w->desc[b->dest],
+			      kva__d_make(KVA__D_SHARED, b->dest_epoch, w->holder_bit),
+			      memory_order_release);
+	w->c.held[b->dest] = 1;
+	b->st = B_WAIT;
+}
+
+/* the host tier's blocks, copied here (up to @budget bytes; 0: all) */
+static bool copy_host(struct kva_seq *s, uint64_t budget)
+{
+	struct kva_worker *w = s->w;
+	struct kva__fetch *ft = s->fetch;
+	uint64_t bb = w->arena->info.layout.block_bytes, done = 0;
+	bool changed = false;
+
+	for (size_t j = 0; j < ft->n && (!budget || done < budget); j++) {
+		struct kva__fblk *b = &ft->b[j];
+
+		if (b->st != B_HOST)
+			continue;
+		changed = true;
+		done += bb;
+		if (host_copy(w, b->dest, s->below[j].key, s->below[j].loc)) {
+			b->st = B_OK;
+			b->tier = KVA__LOC_HOST;
+		} else {
+			for_agent(w, s, b, j); /* moved, or being rewritten: it knows */
+		}
+	}
+	return changed;
+}
+
+/* post what waits for the agent, as far as items go */
 static void post(struct kva_seq *s)
 {
 	struct kva_worker *w = s->w;
@@ -214,13 +329,15 @@ static void post(struct kva_seq *s)
 	uint64_t t = now_ns();
 	bool any = false;
 
-	while (ft->posted < ft->n) {
-		struct kva__fblk *b = &ft->b[ft->posted];
-		struct kva__below *bl = &s->below[ft->posted];
-		uint32_t i = item_get(w, f);
+	for (size_t j = 0; j < ft->n; j++) {
+		struct kva__fblk *b = &ft->b[j];
+		struct kva__below *bl = &s->below[j];
 		struct kva__fitem *it;
+		uint32_t i;
 
-		if (i == UINT32_MAX)
+		if (b->st != B_WAIT)
+			continue;
+		if ((i = item_get(w, f)) == UINT32_MAX)
 			break; /* every item in use: the rest when some come back */
 		it = &fa->item[i];
 		b->item = i;
@@ -244,7 +361,7 @@ static void post(struct kva_seq *s)
 	}
 }
 
-/* collect what the agent finished; true if anything changed */
+/* what the agent finished: served (to check) or not */
 static bool collect(struct kva_seq *s)
 {
 	struct kva_worker *w = s->w;
@@ -252,22 +369,26 @@ static bool collect(struct kva_seq *s)
 	struct kva__fetch_area *fa = area(w);
 	bool changed = false;
 
-	for (size_t j = 0; j < ft->posted; j++) {
+	for (size_t j = 0; j < ft->n; j++) {
 		struct kva__fblk *b = &ft->b[j];
+		struct kva__fitem *it;
 		uint32_t st, kind;
 
 		if (b->st != B_POSTED)
 			continue;
+		it = &fa->item[b->item];
 		/* acquire: pairs with the agent's release of DONE, after its
 		 * last write into the block */
-		st = atomic_load_explicit(&fa->item[b->item].state, memory_order_acquire);
+		st = atomic_load_explicit(&it->state, memory_order_acquire);
 		kind = kva__f_kind(st);
 		if (kva__f_ticket(st) != b->ticket || (kind != KVA__F_DONE && kind != KVA__F_FAILED))
 			continue;
 		if (kind == KVA__F_DONE) {
-			b->st = B_OK;
-			b->tier = (uint8_t)((atomic_load_explicit(&fa->item[b->item].result,
+			b->st = B_DONE;
+			b->tier = (uint8_t)((atomic_load_explicit(&it->result,
 								  memory_order_relaxed) >> 8) & 3);
+			b->hash = atomic_load_explicit(&it->data_hash, memory_order_relaxed);
+			b->loc = atomic_load_explicit(&it->loc, memory_order_relaxed);
 		} else {
 			b->st = B_FAIL;
 		}
@@ -282,17 +403,17 @@ static bool collect(struct kva_seq *s)
 static bool over(const struct kva__fetch *ft)
 {
 	for (size_t j = 0; j < ft->n; j++)
-		if (ft->b[j].st == B_WAIT || ft->b[j].st == B_POSTED)
+		if (ft->b[j].st == B_HOST || ft->b[j].st == B_WAIT || ft->b[j].st == B_POSTED)
 			return false;
 	return true;
 }
 
 /*
- * take_back - a served block, SHARED with our bit alone, becomes ours
- * alone. acquire: with collect()'s, everything the agent wrote is ours to
- * read and publish.
+ * take_back - a block the agent served, SHARED with our bit alone, becomes
+ * ours alone (acquire: with collect()'s, everything the agent wrote is ours
+ * to read), and is checked: the bytes must hash to what the record said.
  */
-static bool take_back(struct kva_worker *w, const struct kva__fblk *b)
+static bool take_back(struct kva_worker *w, struct kva__fblk *b)
 {
 	uint64_t d = kva__d_make(KVA__D_SHARED, b->dest_epoch, w->holder_bit);
 
@@ -302,10 +423,14 @@ static bool take_back(struct kva_worker *w, const struct kva__fblk *b)
 		    memory_order_acq_rel, memory_order_relaxed))
 		return false;
 	w->c.held[b->dest] = KVA__HELD_EXCL;
+	if (kva__block_hash(w->arena, b->dest) != b->hash) {
+		reject(w, b->loc, b->tier == KVA__LOC_DISK);
+		return false;
+	}
 	return true;
 }
 
-/* the fetch is over (or cancelled): attach, publish, let go, report */
+/* the fetch is over (or cancelled): check, attach, publish, let go, report */
 static void finish(struct kva_seq *s, struct kva_fetch_result *r)
 {
 	struct kva_worker *w = s->w;
@@ -320,10 +445,12 @@ static void finish(struct kva_seq *s, struct kva_fetch_result *r)
 		const struct kva__below *bl = &s->below[j];
 		uint32_t depth = (uint32_t)(at + j);
 
-		if (b->st != B_OK || !take_back(w, b)) {
-			/* not served, or not as we left it: let go of it (the agent
-			 * frees it if it still holds it) */
-			if (b->st != B_OK || w->c.held[b->dest])
+		if (b->st == B_DONE)
+			b->st = take_back(w, b) ? B_OK : B_FAIL;
+		if (b->st != B_OK) {
+			/* not served, or not as it should be: let go of it (the
+			 * agent frees it if it still holds it) */
+			if (w->c.held[b->dest])
 				kva_free(w, &b->dest, 1);
 			res.failed_blocks++;
 			gap = true;
@@ -348,7 +475,7 @@ static void finish(struct kva_seq *s, struct kva_fetch_result *r)
 		kva__publish_block(w, b->dest, bl->key,
 				   (at + prefix ? (uint64_t)s->ids[at + prefix - 1] + 1 : 0) |
 					   (uint64_t)depth << 32,
-				   depth, bl->loc);
+				   depth, b->loc ? b->loc : bl->loc);
 		s->key[0] = bl->key[0];
 		s->key[1] = bl->key[1];
 		prefix++;
@@ -357,7 +484,8 @@ static void finish(struct kva_seq *s, struct kva_fetch_result *r)
 	kva__usage_add(s, -(int64_t)(ft->n - prefix));
 	s->n_hashed += prefix;
 	s->n_tokens = s->n_hashed * bt;
-	kva__sc_add(w, KVA__SC_FETCHED, res.host_blocks + res.disk_blocks);
+	kva__sc_add(w, KVA__SC_FETCHED_HOST, res.host_blocks);
+	kva__sc_add(w, KVA__SC_FETCHED_DISK, res.disk_blocks);
 	kva__sc_add(w, KVA__SC_FETCH_FAILED, res.failed_blocks);
 	res.tokens = s->n_tokens;
 	res.fetched_tokens = prefix * bt;
@@ -370,6 +498,8 @@ static void finish(struct kva_seq *s, struct kva_fetch_result *r)
 }
 
 /* ------------------------------------------------------------ API */
+
+#define POLL_COPY_BYTES (8ull << 20) /* host-tier bytes a poll copies at most */
 
 int kva_seq_fetch_start(struct kva_seq *s, size_t max_tokens)
 {
@@ -415,25 +545,14 @@ int kva_seq_fetch_start(struct kva_seq *s, size_t max_tokens)
 		return ret;
 	}
 	for (size_t j = 0; j < n; j++) {
-		struct kva__bmeta *m = &w->arena->bmeta[ids[j]];
 		uint64_t d = atomic_load_explicit(&w->desc[ids[j]], memory_order_relaxed);
-		uint32_t ticket = ticket_next(w, w->fetcher);
 
-		/* the request in the block's meta, which is ours to write while
-		 * we hold it alone (arena_pvt.h, kva__fetch_tag) */
-		atomic_store_explicit(&m->key[0], s->below[j].key[0], memory_order_relaxed);
-		atomic_store_explicit(&m->key[1], s->below[j].key[1], memory_order_relaxed);
-		atomic_store_explicit(&m->backing, kva__fetch_tag(w->slot_id, ticket),
-				      memory_order_relaxed);
-		/* ours alone, so a store: SHARED with our bit alone, which is
-		 * what the agent's join will insist on. release: the meta above
-		 * before the agent's acquire join */
-		atomic_store_explicit(&w->desc[ids[j]],
-				      kva__d_make(KVA__D_SHARED, kva__d_epoch(d), w->holder_bit),
-				      memory_order_release);
-		w->c.held[ids[j]] = 1;
 		ft->b[j] = (struct kva__fblk){ .dest = ids[j], .dest_epoch = (uint32_t)kva__d_epoch(d),
-					       .item = UINT32_MAX, .ticket = ticket, .st = B_WAIT };
+					       .item = UINT32_MAX, .st = B_HOST };
+		/* the host tier's are copied here (by poll and wait); the rest
+		 * goes to the agent now */
+		if (kva__loc_tier(s->below[j].loc) != KVA__LOC_HOST || !w->host_map)
+			for_agent(w, s, &ft->b[j], j);
 	}
 	free(ids);
 	ft->n = n;
@@ -452,12 +571,13 @@ static bool agent_gone(struct kva_worker *w)
 	return pid > 0 && kill(pid, 0) < 0 && errno == ESRCH;
 }
 
-int kva_seq_fetch_poll(struct kva_seq *s, struct kva_fetch_result *r)
+/* one step: host copies (up to @budget bytes), the agent's completions */
+static int step(struct kva_seq *s, uint64_t budget, struct kva_fetch_result *r)
 {
 	uint64_t t;
 
-	if (!s || !s->fetch)
-		return kva__err(-EINVAL, "fetch: none in flight");
+	if (copy_host(s, budget))
+		post(s);
 	collect(s);
 	if (over(s->fetch)) {
 		finish(s, r);
@@ -470,6 +590,13 @@ int kva_seq_fetch_poll(struct kva_seq *s, struct kva_fetch_result *r)
 			return kva_seq_fetch_cancel(s, r);
 	}
 	return -EINPROGRESS;
+}
+
+int kva_seq_fetch_poll(struct kva_seq *s, struct kva_fetch_result *r)
+{
+	if (!s || !s->fetch)
+		return kva__err(-EINVAL, "fetch: none in flight");
+	return step(s, POLL_COPY_BYTES, r);
 }
 
 static long futex_wait(_Atomic uint32_t *addr, uint32_t val, uint64_t ns)
@@ -494,12 +621,13 @@ int kva_seq_fetch_wait(struct kva_seq *s, int timeout_ms, struct kva_fetch_resul
 		uint64_t t, slice;
 		uint32_t v;
 
-		if ((ret = kva_seq_fetch_poll(s, r)) != -EINPROGRESS)
+		/* the host tier's blocks all at once: a copy, nothing to wait for */
+		if ((ret = step(s, 0, r)) != -EINPROGRESS)
 			return ret;
 		t = now_ns();
 		if (t >= end)
 			return kva__err(-ETIMEDOUT, "fetch: not over after %d ms", timeout_ms);
-		/* at most 100 ms at a time: poll checks that the agent lives */
+		/* at most 100 ms at a time: step checks that the agent lives */
 		slice = end - t < 100000000ull ? end - t : 100000000ull;
 		/* Dekker with the agent, which bumps done, then reads waiting:
 		 * either it sees us waiting and wakes us, or our read of done
@@ -526,7 +654,7 @@ int kva_seq_fetch_cancel(struct kva_seq *s, struct kva_fetch_result *r)
 		struct kva__fblk *b = &ft->b[j];
 		uint32_t want, st;
 
-		if (b->st == B_WAIT) {
+		if (b->st == B_HOST || b->st == B_WAIT) {
 			b->st = B_FAIL;
 			continue;
 		}
@@ -541,26 +669,18 @@ int kva_seq_fetch_cancel(struct kva_seq *s, struct kva_fetch_result *r)
 			continue;
 		}
 		st = atomic_load_explicit(&fa->item[b->item].state, memory_order_acquire);
-		if (kva__f_kind(st) == KVA__F_DONE || kva__f_kind(st) == KVA__F_FAILED) {
+		if (kva__f_kind(st) == KVA__F_DONE || kva__f_kind(st) == KVA__F_FAILED)
 			continue; /* collected below */
-		}
 		/* the agent is on it: it keeps the item and its hold on the
 		 * block until it is done; we let go of both */
 		s->w->fetcher->mine[b->item] = MINE_ABANDONED;
 		b->st = B_ABANDONED;
 	}
 	/* served between our collect and the CAS: as served */
+	collect(s);
 	for (size_t j = 0; j < ft->n; j++)
-		if (ft->b[j].st == B_POSTED) {
-			uint32_t st = atomic_load_explicit(&fa->item[ft->b[j].item].state,
-							   memory_order_acquire);
-
-			ft->b[j].st = kva__f_kind(st) == KVA__F_DONE ? B_OK : B_FAIL;
-			if (kva__f_kind(st) == KVA__F_DONE)
-				ft->b[j].tier = (uint8_t)((atomic_load_explicit(
-					&fa->item[ft->b[j].item].result, memory_order_relaxed) >> 8) & 3);
-			s->w->fetcher->mine[ft->b[j].item] = MINE_NO;
-		}
+		if (ft->b[j].st == B_POSTED) /* a word no request of ours can be */
+			ft->b[j].st = B_ABANDONED;
 	finish(s, r);
 	return 0;
 }

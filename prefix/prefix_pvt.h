@@ -96,6 +96,27 @@ void kva__fetcher_free(struct kva_worker *w);
 bool kva__hold_published(struct kva_worker *w, uint32_t id, uint64_t *epoch);
 bool kva__hold_dest(struct kva_worker *w, uint32_t id, uint32_t epoch, uint32_t requester);
 
+/* record.c: the tiers' record format (arena_pvt.h, struct kva__rec_hdr) */
+struct kva__piece {
+	uint64_t off, len;      /* in the data region */
+};
+uint64_t kva__rec_fingerprint(const struct kva_arena_info *info);
+void kva__rec_hdr_fill(struct kva__rec_hdr *h, uint64_t fp, const uint64_t key[2],
+		       uint64_t length, uint64_t data_hash, uint64_t seq);
+/* NULL, or why @h is not a record of @fp (for @key, if not NULL) of @length */
+const char *kva__rec_hdr_check(const struct kva__rec_hdr *h, uint64_t fp, const uint64_t *key,
+			       uint64_t length);
+/* a block's pieces in canonical order; their count (kva__rec_pieces_max at most) */
+uint32_t kva__rec_pieces(const struct kva_arena_info *info, uint32_t block, struct kva__piece *p);
+uint32_t kva__rec_pieces_max(const struct kva_arena_info *info);
+/* block @id's bytes to @dst, returning their hash; from @src (checked
+ * against @hash, or not: put) */
+uint64_t kva__rec_gather(struct kva_arena *a, uint32_t id, uint8_t *dst);
+bool kva__rec_scatter(struct kva_arena *a, uint32_t id, const uint8_t *src, uint64_t hash);
+void kva__rec_put(struct kva_arena *a, uint32_t id, const uint8_t *src);
+/* the hash of block @id's bytes where they lie, in canonical order */
+uint64_t kva__block_hash(struct kva_arena *a, uint32_t id);
+
 /* evict.c */
 void kva__hint_touch(struct kva_arena *a, uint32_t id, uint64_t tick, bool hit);
 void kva__hint_publish(struct kva_arena *a, uint32_t id, const uint64_t key[2], uint64_t tick,

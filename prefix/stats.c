@@ -169,8 +169,37 @@ int kva_arena_tier_stats(struct kva_arena *a, struct kva_tiers_stats *st)
 			sc[i] += atomic_load_explicit(&a->slots[s].sc[i], memory_order_relaxed);
 	st->unbacked_evictions = sc[KVA__SC_UNBACKED];
 	st->below_found = sc[KVA__SC_BELOW];
-	st->fetched = sc[KVA__SC_FETCHED];
+	st->fetched = sc[KVA__SC_FETCHED_HOST] + sc[KVA__SC_FETCHED_DISK];
 	st->fetch_failed = sc[KVA__SC_FETCH_FAILED];
+	/* hits are the blocks workers got and checked; the host tier's are
+	 * copied by the workers themselves, so its latencies are theirs too */
+	st->tier[KVA_TIER_HOST].hits = sc[KVA__SC_FETCHED_HOST];
+	st->tier[KVA_TIER_DISK].hits = sc[KVA__SC_FETCHED_DISK];
+	st->tier[KVA_TIER_HOST].bytes_out = sc[KVA__SC_FETCHED_HOST] * a->info.layout.block_bytes;
+	st->tier[KVA_TIER_HOST].verify_failed += sc[KVA__SC_VERIFY_HOST];
+	st->tier[KVA_TIER_DISK].verify_failed += sc[KVA__SC_VERIFY_DISK];
+	{
+		uint64_t h[KVA__HIST_N] = { 0 }, total = 0, acc = 0;
+		bool p50 = false;
+
+		for (uint32_t s = 0; s < a->max_workers; s++)
+			for (unsigned b = 0; b < KVA__HIST_N; b++)
+				h[b] += atomic_load_explicit(&a->fetch[s].host_hist[b],
+							     memory_order_relaxed);
+		for (unsigned b = 0; b < KVA__HIST_N; b++)
+			total += h[b];
+		for (unsigned b = 0; b < KVA__HIST_N && total; b++) {
+			acc += h[b];
+			if (!p50 && 2 * acc >= total) {
+				st->tier[KVA_TIER_HOST].fetch_p50_ns = kva__hist_value(b);
+				p50 = true;
+			}
+			if (100 * acc >= 99 * total) {
+				st->tier[KVA_TIER_HOST].fetch_p99_ns = kva__hist_value(b);
+				break;
+			}
+		}
+	}
 	for (uint64_t pos = 0; pos <= a->idx_mask; pos++) {
 		uint64_t c = atomic_load_explicit(&a->idx[pos].ctrl, memory_order_relaxed);
 

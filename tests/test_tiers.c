@@ -829,6 +829,9 @@ static void test_a_flipped_byte_on_disk_is_a_miss_never_served(void **state)
 		wait_tiers(&ag, ts, ts.tier[KVA_TIER_DISK].verify_failed >= 1);
 		assert_true(ts.tier[KVA_TIER_DISK].verify_failed >= 1);
 	}
+	/* the agent drops what the worker reported, and says so */
+	for (int k = 0; k < 200 && !tu_agent_log_count(&ag, "did not verify"); k++)
+		sleep_ms(10);
 	assert_true(tu_agent_log_count(&ag, "did not verify") >= 1);
 	kva_detach(w);
 	check_clean(&ag);

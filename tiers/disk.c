@@ -291,15 +291,15 @@ static uint64_t memlock_limit(void)
  */
 static bool pieces_aligned(const struct disk *d, const struct kva_arena_info *info)
 {
-	struct tier_piece p[1024];
+	struct kva__piece p[1024];
 	uint32_t n;
 
 	if (!d->direct || info->layout.block_stride)
 		return true;
-	if (tier_pieces_max(info) > 1024)
+	if (kva__rec_pieces_max(info) > 1024)
 		return false;
 	for (uint32_t b = 0; b < 2 && b < info->blocks; b++) {
-		n = tier_pieces(info, b, p);
+		n = kva__rec_pieces(info, b, p);
 		for (uint32_t i = 0; i < n; i++)
 			if (p[i].off % d->dio_mem || p[i].len % d->dio_off)
 				return false;
@@ -313,7 +313,7 @@ int disk_ring(struct disk *d, const struct host_mem *h, const struct kva_arena_i
 {
 	struct io_uring_params par = { 0 };
 	uint64_t piece, regs_bytes = 0;
-	uint32_t pieces_max = tier_pieces_max(info) + 2;
+	uint32_t pieces_max = kva__rec_pieces_max(info) + 2;
 	int ret;
 
 	d->qd = d->qd ? d->qd : 64;

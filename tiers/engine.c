@@ -306,45 +306,24 @@ static void recovered(struct tiers *t, int k)
 
 static void hist_add(struct tier *tr, uint64_t ns)
 {
-	unsigned b;
-
-	if (ns < 8) {
-		b = (unsigned)ns;
-	} else {
-		unsigned lg = 63 - (unsigned)__builtin_clzll(ns);
-
-		b = (lg - 2) * 8 + (unsigned)((ns >> (lg - 3)) & 7);
-		if (b >= TIER_HIST)
-			b = TIER_HIST - 1;
-	}
-	tr->hist[b]++;
+	tr->hist[kva__hist_bucket(ns)]++;
 }
 
-static uint64_t hist_value(unsigned b)
-{
-	unsigned lg, sub;
-
-	if (b < 8)
-		return b;
-	lg = b / 8 + 2;
-	sub = b % 8;
-	return (uint64_t)(8 + sub) << (lg - 3);
-}
-
-static uint64_t hist_quantile(const struct tier *tr, double q)
+/* the @q quantile of @n buckets of @h */
+static uint64_t hist_quantile(const uint64_t *h, unsigned n, double q)
 {
 	uint64_t total = 0, acc = 0;
 
-	for (unsigned b = 0; b < TIER_HIST; b++)
-		total += tr->hist[b];
+	for (unsigned b = 0; b < n; b++)
+		total += h[b];
 	if (!total)
 		return 0;
-	for (unsigned b = 0; b < TIER_HIST; b++) {
-		acc += tr->hist[b];
+	for (unsigned b = 0; b < n; b++) {
+		acc += h[b];
 		if ((double)acc >= q * (double)total)
-			return hist_value(b);
+			return kva__hist_value(b);
 	}
-	return hist_value(TIER_HIST - 1);
+	return kva__hist_value(n - 1);
 }
 
 /* ------------------------------------------------------------ our holds */
@@ -381,13 +360,18 @@ static void release_retry(struct tiers *t)
 /* ------------------------------------------------------------ requests */
 
 static void item_finish(struct tiers *t, uint32_t slot, uint32_t i, uint32_t ticket, bool ok,
-			uint32_t result)
+			uint32_t result, uint64_t hash, uint64_t loc)
 {
 	struct kva__fetch_area *fa = &t->a->fetch[slot];
 	struct kva__fitem *it = &fa->item[i];
 	uint32_t busy = kva__f_word(KVA__F_BUSY, ticket);
 
 	atomic_store_explicit(&it->result, result, memory_order_relaxed);
+	if (ok) {
+		/* what the worker checks the bytes against, and where they are */
+		atomic_store_explicit(&it->data_hash, hash, memory_order_relaxed);
+		atomic_store_explicit(&it->loc, loc, memory_order_relaxed);
+	}
 	/* release: our writes into the block and our drop before the worker's
 	 * acquire load of DONE */
 	atomic_compare_exchange_strong_explicit(
@@ -500,18 +484,18 @@ static void fetch_disk(struct tiers *t, struct disk_op *op, uint32_t i)
 		io_uring_prep_read_fixed(sqe, 0, op_rec(t, op), (unsigned)d->record_bytes, off,
 					 (int)d->host_regs);
 	} else {
-		struct tier_piece p[1];
+		struct kva__piece p[1];
 		uint64_t data = 0, padded = round_up(info->layout.block_bytes, TIER_ALIGN);
 		uint32_t n = 0;
 
 		op->iov[n++] = (struct iovec){ op_hdr(t, op), TIER_HDR_BYTES };
 		if (info->layout.block_stride) {
 			/* the record's padding lands in the block's own */
-			tier_pieces(info, op->dest, p);
+			kva__rec_pieces(info, op->dest, p);
 			op->iov[n++] = (struct iovec){ t->a->data + p[0].off, padded };
 			data = padded;
 		} else {
-			uint32_t np = tier_pieces(info, op->dest, t->pieces);
+			uint32_t np = kva__rec_pieces(info, op->dest, t->pieces);
 
 			for (uint32_t k = 0; k < np; k++) {
 				op->iov[n++] = (struct iovec){ t->a->data + t->pieces[k].off,
@@ -570,7 +554,7 @@ static void serve(struct tiers *t, uint32_t slot, uint32_t i, uint32_t ticket)
 			tr->stale++;
 		if (kva__loc_ok(loc))
 			unname(t, key, loc);
-		item_finish(t, slot, i, ticket, false, KVA__FR_STALE);
+		item_finish(t, slot, i, ticket, false, KVA__FR_STALE, 0, 0);
 		return;
 	}
 	if (k == DISK && t->disk.free_op == TIER_NONE) {
@@ -585,7 +569,7 @@ static void serve(struct tiers *t, uint32_t slot, uint32_t i, uint32_t ticket)
 		return;
 	}
 	if (!kva__hold_dest(t->self, dest, epoch, slot)) {
-		item_finish(t, slot, i, ticket, false, KVA__FR_DEST);
+		item_finish(t, slot, i, ticket, false, KVA__FR_DEST, 0, 0);
 		return;
 	}
 	/* held: its meta is the requester's last word on it, and must name
@@ -598,33 +582,34 @@ static void serve(struct tiers *t, uint32_t slot, uint32_t i, uint32_t ticket)
 		    atomic_load_explicit(&m->key[0], memory_order_relaxed) != key[0] ||
 		    atomic_load_explicit(&m->key[1], memory_order_relaxed) != key[1]) {
 			release(t, dest);
-			item_finish(t, slot, i, ticket, false, KVA__FR_DEST);
+			item_finish(t, slot, i, ticket, false, KVA__FR_DEST, 0, 0);
 			return;
 		}
 	}
 	if (k == HOST) {
 		const uint8_t *src = t->host.base + (uint64_t)r * tr->record_bytes;
-		struct tier_rec_hdr h;
+		struct kva__rec_hdr h;
 		const char *why;
 
+		/* ours to write, and nobody else's: no seqlock needed here. The
+		 * worker hashes what it gets against the header's hash. */
 		memcpy(&h, src, sizeof(h));
-		why = tier_hdr_check(&h, t->fp, key, t->info->layout.block_bytes);
-		if (why || !tier_scatter(t->a, dest, src + TIER_HDR_BYTES, h.data_hash)) {
+		if ((why = kva__rec_hdr_check(&h, t->fp, key, t->info->layout.block_bytes))) {
 			tr->verify_failed++;
 			t->view_now = true;
-			tier_log(TLOG_ERR, "host tier: record %u did not verify (%s): dropped", r,
-				 why ? why : "data checksum");
+			tier_log(TLOG_ERR, "host tier: record %u did not verify (%s): dropped", r, why);
 			drop(t, HOST, r);
 			release(t, dest);
-			item_finish(t, slot, i, ticket, false, KVA__FR_VERIFY);
+			item_finish(t, slot, i, ticket, false, KVA__FR_VERIFY, 0, 0);
 			return;
 		}
+		kva__rec_put(t->a, dest, src + TIER_HDR_BYTES);
 		tr->rec[r].ref = 1;
 		tr->hits++;
 		tr->bytes_out += t->info->layout.block_bytes;
-		latency(t, HOST, posted);
 		release(t, dest);
-		item_finish(t, slot, i, ticket, true, KVA__FR_OK | KVA__LOC_HOST << 8);
+		item_finish(t, slot, i, ticket, true, KVA__FR_OK | KVA__LOC_HOST << 8, h.data_hash,
+			    loc);
 		return;
 	}
 	{
@@ -769,7 +754,7 @@ static bool back_one(struct tiers *t, uint32_t id)
 	uint64_t epoch, key[2], cur;
 	uint32_t i;
 	uint8_t *dst;
-	struct tier_rec_hdr h;
+	struct kva__rec_hdr h, *hp;
 
 	if (!kva__hold_published(t->self, id, &epoch)) {
 		t->back_skipped++; /* evicted (or never published) before we came */
@@ -802,9 +787,15 @@ static bool back_one(struct tiers *t, uint32_t id)
 		return false;
 	}
 	dst = t->host.base + (uint64_t)i * tr->record_bytes;
-	tier_hdr_fill(&h, t->fp, key, t->info->layout.block_bytes,
-		      tier_gather(a, id, dst + TIER_HDR_BYTES), ++t->seq);
-	memcpy(dst, &h, sizeof(h));
+	/* the record's seqlock (arena_pvt.h): workers copy from it unlocked */
+	hp = (struct kva__rec_hdr *)dst;
+	atomic_store_explicit(&hp->magic, 0, memory_order_relaxed);
+	atomic_thread_fence(memory_order_release);
+	kva__rec_hdr_fill(&h, t->fp, key, t->info->layout.block_bytes,
+			  kva__rec_gather(a, id, dst + TIER_HDR_BYTES), ++t->seq);
+	memcpy(dst + sizeof(hp->magic), (const uint8_t *)&h + sizeof(h.magic),
+	       sizeof(h) - sizeof(h.magic));
+	atomic_store_explicit(&hp->magic, KVA__REC_MAGIC, memory_order_release);
 	tr->rec[i] = (struct tier_rec){ .key = { key[0], key[1] }, .seq = h.seq,
 					.gen = tr->rec[i].gen, .state = R_VALID,
 					.other = TIER_NONE };
@@ -1033,17 +1024,18 @@ static bool scan(struct tiers *t)
 static void scan_done(struct tiers *t, struct disk_op *op, int res)
 {
 	struct tier *dt = &t->t[DISK];
-	struct tier_rec_hdr h;
+	struct kva__rec_hdr h;
 	uint32_t i = op->rec;
 	uint64_t pos, loc;
 	int ret;
 
 	memcpy(&h, op_hdr(t, op), sizeof(h));
 	t->scan_done++;
-	if (res != TIER_HDR_BYTES || tier_hdr_check(&h, t->fp, NULL, t->info->layout.block_bytes)) {
+	if (res != TIER_HDR_BYTES ||
+	    kva__rec_hdr_check(&h, t->fp, NULL, t->info->layout.block_bytes)) {
 		if (res < 0 || (res > 0 && res != TIER_HDR_BYTES))
 			dt->io_errors++;
-		if (h.magic == TIER_REC_MAGIC)
+		if (atomic_load_explicit(&h.magic, memory_order_relaxed) == KVA__REC_MAGIC)
 			t->restart_dropped++; /* a record, torn or of something else */
 		rec_free(t, DISK, i);
 	} else {
@@ -1176,9 +1168,8 @@ static void fetch_done(struct tiers *t, struct disk_op *op, int res)
 {
 	struct tier *dt = &t->t[DISK];
 	const struct kva_arena_info *info = t->info;
-	struct tier_rec_hdr h;
+	struct kva__rec_hdr h;
 	const char *why = NULL;
-	bool ok;
 
 	if (!--dt->rec[op->rec].users && dt->rec[op->rec].state == R_DEAD)
 		rec_free(t, DISK, op->rec);
@@ -1189,35 +1180,67 @@ static void fetch_done(struct tiers *t, struct disk_op *op, int res)
 			degrade(t, DISK, "short read of record %u: %d of %llu bytes", op->rec, res,
 				(unsigned long long)op->expect);
 		release(t, op->dest);
-		item_finish(t, op->slot, op->item, op->ticket, false, KVA__FR_IO);
+		item_finish(t, op->slot, op->item, op->ticket, false, KVA__FR_IO, 0, 0);
 		return;
 	}
 	memcpy(&h, op->staged ? op_rec(t, op) : op_hdr(t, op), sizeof(h));
-	why = tier_hdr_check(&h, t->fp, op->key, info->layout.block_bytes);
-	if (!why)
-		ok = op->staged ? tier_scatter(t->a, op->dest, op_rec(t, op) + TIER_HDR_BYTES,
-					       h.data_hash)
-				: tier_hash_block(t->a, op->dest) == h.data_hash;
-	else
-		ok = false;
-	if (!ok) {
+	why = kva__rec_hdr_check(&h, t->fp, op->key, info->layout.block_bytes);
+	if (why) {
 		/* never served: the block is let go of, the record dropped */
 		dt->verify_failed++;
 		t->view_now = true;
 		tier_log(TLOG_ERR, "disk tier: record %u did not verify (%s): dropped, a miss",
-			 op->rec, why ? why : "data checksum");
-		if (rec_is(t, DISK, op->rec, kva__loc_gen(op->loc), op->key) && !dt->rec[op->rec].users)
+			 op->rec, why);
+		if (rec_is(t, DISK, op->rec, kva__loc_gen(op->loc), op->key))
 			drop(t, DISK, op->rec);
 		release(t, op->dest);
-		item_finish(t, op->slot, op->item, op->ticket, false, KVA__FR_VERIFY);
+		item_finish(t, op->slot, op->item, op->ticket, false, KVA__FR_VERIFY, 0, 0);
 		return;
 	}
+	if (op->staged)
+		kva__rec_put(t->a, op->dest, op_rec(t, op) + TIER_HDR_BYTES);
 	dt->rec[op->rec].ref = 1;
 	dt->hits++;
 	dt->bytes_out += info->layout.block_bytes;
 	latency(t, DISK, op->posted_ns);
 	release(t, op->dest);
-	item_finish(t, op->slot, op->item, op->ticket, true, KVA__FR_OK | KVA__LOC_DISK << 8);
+	/* the worker hashes the bytes against the header's hash before it
+	 * uses them (and reports a mismatch: reject()) */
+	item_finish(t, op->slot, op->item, op->ticket, true, KVA__FR_OK | KVA__LOC_DISK << 8,
+		    h.data_hash, op->loc);
+}
+
+/*
+ * rejects - records workers found corrupt (their bytes do not hash to their
+ * header): dropped, if the location still names the record it named then.
+ * A worker's word: at worst it costs a record (a peer can do worse to the
+ * arena itself), never wrong data.
+ */
+static void rejects(struct tiers *t)
+{
+	for (uint32_t s = 0; s < t->a->max_workers; s++)
+		for (uint32_t k = 0; k < KVA__REJECTS; k++) {
+			_Atomic uint64_t *w = &t->a->fetch[s].reject[k];
+			uint64_t loc;
+			int tk;
+			uint32_t i;
+
+			if (!atomic_load_explicit(w, memory_order_relaxed))
+				continue;
+			loc = atomic_exchange_explicit(w, 0, memory_order_relaxed);
+			if (!kva__loc_ok(loc))
+				continue;
+			tk = kva__loc_tier(loc) == KVA__LOC_DISK ? DISK : HOST;
+			i = kva__loc_slot(loc);
+			if (!t->t[tk].on || i >= t->t[tk].n || t->t[tk].rec[i].state != R_VALID ||
+			    t->t[tk].rec[i].gen != kva__loc_gen(loc))
+				continue;
+			t->t[tk].verify_failed++;
+			t->view_now = true;
+			tier_log(TLOG_ERR, "%s tier: record %u did not verify (its data's checksum, "
+				 "found by worker slot %u): dropped", tk ? "disk" : "host", i, s);
+			drop(t, tk, i);
+		}
 }
 
 static bool reap(struct tiers *t)
@@ -1300,8 +1323,8 @@ static void view(struct tiers *t)
 		vals[KVA__TV_BYTES_IN] = tr->bytes_in;
 		vals[KVA__TV_BYTES_OUT] = tr->bytes_out;
 		vals[KVA__TV_RECORDS_IN] = tr->records_in;
-		vals[KVA__TV_P50_NS] = hist_quantile(tr, 0.5);
-		vals[KVA__TV_P99_NS] = hist_quantile(tr, 0.99);
+		vals[KVA__TV_P50_NS] = hist_quantile(tr->hist, KVA__HIST_N, 0.5);
+		vals[KVA__TV_P99_NS] = hist_quantile(tr->hist, KVA__HIST_N, 0.99);
 		vals[KVA__TV_IO_ERRORS] = tr->io_errors;
 		vals[KVA__TV_VERIFY_FAILED] = tr->verify_failed;
 		vals[KVA__TV_STALE] = tr->stale;
@@ -1379,7 +1402,7 @@ static void fail_posted(struct tiers *t)
 			if (kva__f_kind(st) == KVA__F_POSTED &&
 			    atomic_compare_exchange_strong(&it->state, &st,
 							   kva__f_word(KVA__F_BUSY, kva__f_ticket(st))))
-				item_finish(t, s, i, kva__f_ticket(st), false, KVA__FR_DEGRADED);
+				item_finish(t, s, i, kva__f_ticket(st), false, KVA__FR_DEGRADED, 0, 0);
 		}
 }
 
@@ -1402,8 +1425,10 @@ static void *run(void *arg)
 		uint64_t now = now_ns();
 		bool work = false, stalled = false, sweep = now - last_sweep > IDLE_MS * 1000000ull;
 
-		if (sweep)
+		if (sweep) {
 			last_sweep = now;
+			rejects(t);
+		}
 		work |= reap(t);
 		work |= serve_requests(t, sweep);
 		wake(t);
@@ -1480,10 +1505,10 @@ int tiers_start(const struct tier_config *c, struct kva_arena *a, struct kva_wor
 	t->a = a;
 	t->self = self;
 	t->info = kva_arena_info(a);
-	t->fp = tier_fingerprint(t->info);
+	t->fp = kva__rec_fingerprint(t->info);
 	t->doorbell = t->ep = t->tfd = -1;
 	t->disk.fd = t->disk.ring_efd = -1;
-	t->pieces_max = tier_pieces_max(t->info);
+	t->pieces_max = kva__rec_pieces_max(t->info);
 	t->pieces = calloc(t->pieces_max, sizeof(*t->pieces));
 	if (!t->pieces) {
 		free(t);
@@ -1564,6 +1589,11 @@ fail:
 int tiers_doorbell(const struct tiers *t)
 {
 	return t ? t->doorbell : -1;
+}
+
+int tiers_host_fd(const struct tiers *t)
+{
+	return t ? t->host.fd : -1;
 }
 
 void tiers_stop(struct tiers *t)

@@ -54,6 +54,8 @@ int tiers_start(const struct tier_config *c, struct kva_arena *a, struct kva_wor
 		struct tiers **out, char *err, size_t errlen);
 /* the doorbell workers ring (an eventfd, sent with their WELCOME) */
 int tiers_doorbell(const struct tiers *t);
+/* the host tier's memfd (workers get it read-only, to copy from), or -1 */
+int tiers_host_fd(const struct tiers *t);
 /* stop the thread (I/O in flight finishes first), free everything */
 void tiers_stop(struct tiers *t);
 

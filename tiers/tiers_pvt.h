@@ -1,21 +1,9 @@
 /* SPDX-License-Identifier: MIT */
 /*
- * tiers_pvt.h - the tier room's insides: the record format (record.c), the
- * host tier's memory (host.c), the disk tier's file and io_uring (disk.c),
- * and the thread that runs them (engine.c).
- *
- * A record is the same bytes in both tiers, so that moving one down a tier
- * is one write of those bytes:
- *
- *   [0, 4096)            header: struct tier_rec_hdr, then zeros
- *   [4096, 4096 + data)  the block's bytes in canonical order: every
- *                        (layer, K/V) page in turn, then their int8 scales
- *                        (a block-major block as it lies; a layer-major
- *                        block gathered), zero-padded to 4096
- *
- * The header carries the key, the geometry's fingerprint, the length, an
- * XXH3-64 of the data and one of itself. Nothing is served before both
- * verify against what the request asked for.
+ * tiers_pvt.h - the tier room's insides: the host tier's memory (host.c),
+ * the disk tier's file and io_uring (disk.c, its superblock in super.c), and
+ * the thread that runs them (engine.c). The record format they share with
+ * the workers is in arena_pvt.h and prefix/record.c.
  *
  * The disk tier's file: a superblock in [0, 4096) (struct tier_super),
  * then records of record_bytes each, slot i at 4096 + i * record_bytes.
@@ -33,25 +21,13 @@
 #include "prefix_pvt.h"
 #include "tiers.h"
 
-#define TIER_ALIGN 4096u
-#define TIER_HDR_BYTES 4096u
-#define TIER_REC_MAGIC 0x31434552415641ebull /* a record */
+#define TIER_ALIGN KVA__REC_ALIGN
+#define TIER_HDR_BYTES KVA__REC_HDR_BYTES
 #define TIER_SUPER_MAGIC 0x3152454954415641ull /* "AVATIER1" little-endian */
-#define TIER_FORMAT 1u
+#define TIER_FORMAT KVA__REC_FORMAT
 #ifndef RWF_DONTCACHE
 #define RWF_DONTCACHE 0x00000080 /* uncached buffered I/O, Linux 6.14 */
 #endif
-
-struct tier_rec_hdr {
-	uint64_t magic;
-	uint32_t format, hdr_bytes;
-	uint64_t fingerprint;   /* tier_fingerprint() of the arena that wrote it */
-	uint64_t key[2];
-	uint64_t length;        /* data bytes (the block's bytes) */
-	uint64_t data_hash;     /* XXH3-64 of the data */
-	uint64_t seq;           /* the writer's order: the newer of two wins at restart */
-	uint64_t hdr_hash;      /* XXH3-64 of the fields above */
-};
 
 struct tier_super {
 	uint64_t magic;
@@ -61,25 +37,7 @@ struct tier_super {
 	uint64_t hash;          /* XXH3-64 of the fields above */
 };
 
-/* record.c */
-uint64_t tier_fingerprint(const struct kva_arena_info *info);
-void tier_hdr_fill(struct tier_rec_hdr *h, uint64_t fp, const uint64_t key[2], uint64_t length,
-		   uint64_t data_hash, uint64_t seq);
-/* 0, or why @h is not a record of @fp (for @key, if not NULL) of @length */
-const char *tier_hdr_check(const struct tier_rec_hdr *h, uint64_t fp, const uint64_t *key,
-			   uint64_t length);
-/* a block's pieces in canonical order: (offset in the data region, bytes) */
-struct tier_piece {
-	uint64_t off, len;
-};
-/* the pieces of one block; returns their count (at most tier_pieces_max) */
-uint32_t tier_pieces(const struct kva_arena_info *info, uint32_t block, struct tier_piece *p);
-uint32_t tier_pieces_max(const struct kva_arena_info *info);
-/* copy block @id's bytes to @dst, and their hash; from @src, checking theirs */
-uint64_t tier_gather(struct kva_arena *a, uint32_t id, uint8_t *dst);
-bool tier_scatter(struct kva_arena *a, uint32_t id, const uint8_t *src, uint64_t hash);
-/* the hash of block @id's bytes where they lie */
-uint64_t tier_hash_block(struct kva_arena *a, uint32_t id);
+/* super.c */
 void tier_super_fill(struct tier_super *s, uint64_t fp, uint64_t record_bytes, uint64_t records,
 		     const char *arena);
 const char *tier_super_check(const struct tier_super *s);
@@ -110,7 +68,6 @@ struct tier_rec {
 };
 
 /* One tier's private bookkeeping and counters. */
-#define TIER_HIST 512
 struct tier {
 	bool on;
 	bool ring;              /* host with a disk tier: a ring flushed to disk */
@@ -123,7 +80,7 @@ struct tier {
 	uint64_t record_bytes;
 	/* counters, copied to the arena's tier view */
 	uint64_t hits, records_in, bytes_in, bytes_out, io_errors, verify_failed, stale, dropped;
-	uint64_t hist[TIER_HIST];   /* fetch latencies, log-linear buckets */
+	uint64_t hist[KVA__HIST_N];  /* fetch latencies (kva__hist_bucket) */
 	bool degraded;
 	uint64_t degraded_since, retry_at;
 	char reason[96];
@@ -208,7 +165,7 @@ struct tiers {
 	uint64_t scan_next, scan_done, restart_found, restart_dropped;
 	bool warming;
 	uint64_t last_view;
-	struct tier_piece *pieces;   /* scratch for one block's pieces */
+	struct kva__piece *pieces;   /* scratch for one block's pieces */
 	uint32_t pieces_max;
 	uint32_t demoting;           /* records being written to disk */
 	uint64_t scan_last_seq;      /* warm restart: the newest record found, */

@@ -1,8 +1,10 @@
 /* SPDX-License-Identifier: MIT */
 /*
- * record.c - the record format both tiers share (tiers_pvt.h): its header,
- * the geometry's fingerprint, and a block's bytes copied to and from a
- * record in canonical order with their XXH3-64 computed on the way.
+ * record.c - the record format of the tiers below the arena (arena_pvt.h,
+ * struct kva__rec_hdr): its header, the geometry's fingerprint, and a
+ * block's bytes copied to and from a record in canonical order, with their
+ * XXH3-64 computed on the way. The agent writes records (tiers/); a worker
+ * reads the host tier's (read-only) and checks every block it is given.
  *
  * The copies go in pieces of at most CHUNK bytes: each piece is copied,
  * then hashed while it is still in the cache, so the bytes cross the memory
@@ -15,47 +17,47 @@
 #define XXH_STATIC_LINKING_ONLY /* XXH3_state_t on the stack */
 #include <xxhash.h>
 
-#include "tiers_pvt.h"
+#include "prefix_pvt.h"
 
 #define CHUNK (32u << 10)
 
-uint64_t tier_fingerprint(const struct kva_arena_info *info)
+uint64_t kva__rec_fingerprint(const struct kva_arena_info *info)
 {
 	const struct kva_geometry *g = &info->geometry;
 	const struct kva_block_layout *l = &info->layout;
 	/* everything that decides what the bytes mean; not the layout, which
 	 * only decides where they lie in the arena (the record's order is
 	 * the same for both) */
-	uint64_t v[] = { TIER_FORMAT, g->block_tokens, g->layers, g->kv_heads, g->head_dim,
+	uint64_t v[] = { KVA__REC_FORMAT, g->block_tokens, g->layers, g->kv_heads, g->head_dim,
 			 (uint64_t)g->dtype, l->block_bytes, l->page_bytes, l->scale_bytes };
 
 	return XXH3_64bits_withSeed(v, sizeof(v), 0x6b76612d74696572ull);
 }
 
-void tier_hdr_fill(struct tier_rec_hdr *h, uint64_t fp, const uint64_t key[2], uint64_t length,
-		   uint64_t data_hash, uint64_t seq)
+void kva__rec_hdr_fill(struct kva__rec_hdr *h, uint64_t fp, const uint64_t key[2],
+		       uint64_t length, uint64_t data_hash, uint64_t seq)
 {
 	memset(h, 0, sizeof(*h));
-	h->magic = TIER_REC_MAGIC;
-	h->format = TIER_FORMAT;
-	h->hdr_bytes = TIER_HDR_BYTES;
+	atomic_init(&h->magic, KVA__REC_MAGIC);
+	h->format = KVA__REC_FORMAT;
+	h->hdr_bytes = KVA__REC_HDR_BYTES;
 	h->fingerprint = fp;
 	h->key[0] = key[0];
 	h->key[1] = key[1];
 	h->length = length;
 	h->data_hash = data_hash;
 	h->seq = seq;
-	h->hdr_hash = XXH3_64bits(h, offsetof(struct tier_rec_hdr, hdr_hash));
+	h->hdr_hash = XXH3_64bits(h, offsetof(struct kva__rec_hdr, hdr_hash));
 }
 
-const char *tier_hdr_check(const struct tier_rec_hdr *h, uint64_t fp, const uint64_t *key,
-			   uint64_t length)
+const char *kva__rec_hdr_check(const struct kva__rec_hdr *h, uint64_t fp, const uint64_t *key,
+			       uint64_t length)
 {
-	if (h->magic != TIER_REC_MAGIC)
+	if (atomic_load_explicit(&h->magic, memory_order_relaxed) != KVA__REC_MAGIC)
 		return "not a record (magic)";
-	if (h->hdr_hash != XXH3_64bits(h, offsetof(struct tier_rec_hdr, hdr_hash)))
+	if (h->hdr_hash != XXH3_64bits(h, offsetof(struct kva__rec_hdr, hdr_hash)))
 		return "header checksum";
-	if (h->format != TIER_FORMAT || h->hdr_bytes != TIER_HDR_BYTES)
+	if (h->format != KVA__REC_FORMAT || h->hdr_bytes != KVA__REC_HDR_BYTES)
 		return "another format";
 	if (h->fingerprint != fp)
 		return "another geometry";
@@ -66,14 +68,14 @@ const char *tier_hdr_check(const struct tier_rec_hdr *h, uint64_t fp, const uint
 	return NULL;
 }
 
-uint32_t tier_pieces_max(const struct kva_arena_info *info)
+uint32_t kva__rec_pieces_max(const struct kva_arena_info *info)
 {
 	if (info->layout.block_stride)
 		return 1;
 	return 2 * info->geometry.layers * (info->layout.scale_bytes ? 2 : 1);
 }
 
-uint32_t tier_pieces(const struct kva_arena_info *info, uint32_t block, struct tier_piece *p)
+uint32_t kva__rec_pieces(const struct kva_arena_info *info, uint32_t block, struct kva__piece *p)
 {
 	const struct kva_geometry *g = &info->geometry;
 	const struct kva_block_layout *l = &info->layout;
@@ -104,7 +106,7 @@ uint32_t tier_pieces(const struct kva_arena_info *info, uint32_t block, struct t
  * rather than stored, one at a time.
  */
 static bool piece_at(const struct kva_arena_info *info, uint32_t block, uint32_t i,
-		     struct tier_piece *p)
+		     struct kva__piece *p)
 {
 	const struct kva_geometry *g = &info->geometry;
 	const struct kva_block_layout *l = &info->layout;
@@ -130,11 +132,11 @@ static bool piece_at(const struct kva_arena_info *info, uint32_t block, uint32_t
 	return true;
 }
 
-uint64_t tier_gather(struct kva_arena *a, uint32_t id, uint8_t *dst)
+uint64_t kva__rec_gather(struct kva_arena *a, uint32_t id, uint8_t *dst)
 {
 	const struct kva_arena_info *info = kva_arena_info(a);
 	const uint8_t *data = a->data;
-	struct tier_piece p;
+	struct kva__piece p;
 	XXH3_state_t st;
 
 	XXH3_64bits_reset(&st);
@@ -149,11 +151,11 @@ uint64_t tier_gather(struct kva_arena *a, uint32_t id, uint8_t *dst)
 	return XXH3_64bits_digest(&st);
 }
 
-bool tier_scatter(struct kva_arena *a, uint32_t id, const uint8_t *src, uint64_t hash)
+bool kva__rec_scatter(struct kva_arena *a, uint32_t id, const uint8_t *src, uint64_t hash)
 {
 	const struct kva_arena_info *info = kva_arena_info(a);
 	uint8_t *data = a->data;
-	struct tier_piece p;
+	struct kva__piece p;
 	XXH3_state_t st;
 
 	XXH3_64bits_reset(&st);
@@ -168,11 +170,11 @@ bool tier_scatter(struct kva_arena *a, uint32_t id, const uint8_t *src, uint64_t
 	return XXH3_64bits_digest(&st) == hash;
 }
 
-uint64_t tier_hash_block(struct kva_arena *a, uint32_t id)
+uint64_t kva__block_hash(struct kva_arena *a, uint32_t id)
 {
 	const struct kva_arena_info *info = kva_arena_info(a);
 	const uint8_t *data = a->data;
-	struct tier_piece p;
+	struct kva__piece p;
 	XXH3_state_t st;
 
 	XXH3_64bits_reset(&st);
@@ -181,73 +183,19 @@ uint64_t tier_hash_block(struct kva_arena *a, uint32_t id)
 	return XXH3_64bits_digest(&st);
 }
 
-void tier_super_fill(struct tier_super *s, uint64_t fp, uint64_t record_bytes, uint64_t records,
-		     const char *arena)
+
+void kva__rec_put(struct kva_arena *a, uint32_t id, const uint8_t *src)
 {
-	memset(s, 0, sizeof(*s));
-	s->magic = TIER_SUPER_MAGIC;
-	s->format = TIER_FORMAT;
-	s->super_bytes = sizeof(*s);
-	s->fingerprint = fp;
-	s->record_bytes = record_bytes;
-	s->records = records;
-	s->data_off = TIER_ALIGN;
-	snprintf(s->arena, sizeof(s->arena), "%s", arena);
-	s->hash = XXH3_64bits(s, offsetof(struct tier_super, hash));
-}
+	const struct kva_arena_info *info = kva_arena_info(a);
+	struct kva__piece p;
 
-const char *tier_super_check(const struct tier_super *s)
-{
-	if (s->magic != TIER_SUPER_MAGIC)
-		return "no superblock";
-	if (s->hash != XXH3_64bits(s, offsetof(struct tier_super, hash)))
-		return "superblock checksum";
-	if (s->format != TIER_FORMAT || s->super_bytes != sizeof(*s) || s->data_off != TIER_ALIGN)
-		return "another format";
-	if (!memchr(s->arena, 0, sizeof(s->arena)))
-		return "arena name";
-	return NULL;
-}
-
-int tier_inject_parse(const char *spec, struct tier_inject *inj, char *err, size_t len)
-{
-	static const char *const names[INJ_N] = {
-		[INJ_WRITE_EIO] = "write-eio", [INJ_READ_EIO] = "read-eio",
-		[INJ_WRITE_SHORT] = "write-short", [INJ_READ_SHORT] = "read-short",
-		[INJ_WRITE_ENOSPC] = "write-enospc",
-	};
-	char buf[256], *save = NULL, *tok;
-
-	memset(inj, 0, sizeof(*inj));
-	if (!spec || !*spec)
-		return 0;
-	snprintf(buf, sizeof(buf), "%s", spec);
-	for (tok = strtok_r(buf, ",", &save); tok; tok = strtok_r(NULL, ",", &save)) {
-		char *colon = strchr(tok, ':'), *end;
-		unsigned long long n = 1;
-		int k;
-
-		if (!strcmp(tok, "nodirect")) {
-			inj->nodirect = inj->any = true;
-			continue;
-		}
-		if (colon) {
-			*colon = 0;
-			n = strtoull(colon + 1, &end, 10);
-			if (*end || !n) {
-				snprintf(err, len, "KVA_TIER_INJECT: '%s': a count from 1", colon + 1);
-				return -EINVAL;
-			}
-		}
-		for (k = 0; k < INJ_N && strcmp(tok, names[k]); k++)
-			;
-		if (k == INJ_N) {
-			snprintf(err, len, "KVA_TIER_INJECT: '%s': write-eio, read-eio, write-short, "
-				 "read-short, write-enospc (:N) or nodirect", tok);
-			return -EINVAL;
-		}
-		inj->from[k] = n;
-		inj->any = true;
+	for (uint32_t i = 0; piece_at(info, id, i, &p); i++) {
+		memcpy(a->data + p.off, src, p.len);
+		src += p.len;
 	}
-	return 0;
+}
+
+uint64_t kva_tier_record_bytes(uint64_t block_bytes)
+{
+	return KVA__REC_HDR_BYTES + (block_bytes + KVA__REC_ALIGN - 1) / KVA__REC_ALIGN * KVA__REC_ALIGN;
 }
