@@ -163,6 +163,9 @@ struct agent {
 	struct watch wlisten, wsignal, wtimer;
 	bool stopping, listen_paused;
 	uint64_t deadline_ns, last_check_ns, listen_resume_ns, listen_backoff_ms;
+	uint64_t next_tick_ns;    /* the tick runs by the clock (tick_if_due) */
+	uint64_t watch_gen;       /* bumped when a watch is freed or moved */
+	unsigned rr;              /* where the next epoll batch is read from */
 	uint64_t admitted, refused, reclaimed;
 	struct slot_entry slots[KVA_MAX_WORKERS];
 	uint32_t n_slots;

@@ -66,12 +66,14 @@ void agent_unwatch(struct agent *ag, int *fd)
 	epoll_ctl(ag->ep, EPOLL_CTL_DEL, *fd, NULL);
 	close(*fd);
 	*fd = -1;
+	ag->watch_gen++;
 }
 
 static void client_free(struct agent *ag, struct client *cl)
 {
 	slots_conn_ended(ag, cl);
 	agent_unwatch(ag, &cl->fd);
+	ag->watch_gen++;
 	for (unsigned k = 0; k < ag->max_clients; k++)
 		if (ag->clients[k] == cl)
 			ag->clients[k] = NULL;
@@ -236,9 +238,13 @@ static int on_conn(struct agent *ag, struct client *cl);
  * closed to make room: a flood of silent connections costs only its own
  * sender's. A burst of real clients (all young) is let in up to the table.
  */
+/* connections taken per turn: a flood of connects must not keep the loop
+ * here while admitted workers' messages and the tick wait */
+#define ACCEPT_BATCH 16
+
 static void on_listen(struct agent *ag)
 {
-	for (;;) {
+	for (unsigned turn = 0; turn < ACCEPT_BATCH; turn++) {
 		int fd = accept4(ag->lfd, NULL, NULL, SOCK_CLOEXEC | SOCK_NONBLOCK);
 		struct ucred cred;
 		socklen_t len = sizeof(cred);
@@ -479,13 +485,23 @@ static int on_conn(struct agent *ag, struct client *cl)
 
 /* ------------------------------------------------------------ the clock */
 
-static void on_timer(struct agent *ag)
+/*
+ * The tick runs by the clock, not by the timer's turn in epoll: a batch
+ * is cut short whenever an event frees a watch, and a flood of connections
+ * that each end at once would otherwise keep the timer at the back of every
+ * batch, and the repairs, reclaims and checks waiting, for as long as it
+ * lasts. The timerfd only wakes an idle loop.
+ */
+static void tick_if_due(struct agent *ag)
 {
 	uint64_t ticks, now = agent_now_ns();
 	uint64_t deadline = (uint64_t)ag->cfg->hello_timeout_ms * 1000000ull;
 
-	if (read(ag->tfd, &ticks, sizeof(ticks)) < 0)
+	if (now < ag->next_tick_ns)
 		return;
+	ag->next_tick_ns = now + TICK_MS * 1000000ull;
+	if (read(ag->tfd, &ticks, sizeof(ticks)) < 0 && errno != EAGAIN)
+		log_debug("timerfd: %s", strerror(errno));
 	/* connections that did not say HELLO in time */
 	for (unsigned k = 0; k < ag->max_clients; k++) {
 		struct client *cl = ag->clients[k];
@@ -641,9 +657,15 @@ int agent_serve(const struct agent_config *c, struct kva_arena *a, struct kva_wo
 			log_err("epoll_wait: %s", strerror(errno));
 			goto out;
 		}
-		for (int k = 0; k < n; k++) {
+		/* the batch is read from a rotating start: a batch is cut short
+		 * when an event frees a watch, and epoll hands back what stays
+		 * ready in the same order, so from index 0 the first watch of a
+		 * flood (the listening socket) would be the only one served */
+		for (int i = 0, k0 = n > 0 ? (int)(ag.rr++ % (unsigned)n) : 0; i < n; i++) {
+			int k = (k0 + i) % n;
 			struct watch *w = ev[k].data.ptr;
 			enum watch_kind kind = w->kind;
+			uint64_t gen = ag.watch_gen;
 
 			switch (kind) {
 			case W_LISTEN:
@@ -654,8 +676,7 @@ int agent_serve(const struct agent_config *c, struct kva_arena *a, struct kva_wo
 				on_signal(&ag);
 				break;
 			case W_TIMER:
-				on_timer(&ag);
-				break;
+				break; /* tick_if_due() below */
 			case W_CONN:
 				on_conn(&ag, w->c);
 				break;
@@ -663,13 +684,14 @@ int agent_serve(const struct agent_config *c, struct kva_arena *a, struct kva_wo
 				slots_exited(&ag, w->e);
 				break;
 			}
-			/* A client event, a process's end or the timer may have
-			 * freed a client or moved a watch: the rest of this batch
-			 * may point into it. Start over with a fresh batch; epoll is
-			 * level-triggered, so nothing pending is lost. */
-			if (kind != W_SIGNAL)
+			/* An event that freed a client or moved a watch leaves
+			 * the rest of this batch pointing into it: start over
+			 * with a fresh batch; epoll is level-triggered, so
+			 * nothing pending is lost. */
+			if (ag.watch_gen != gen)
 				break;
 		}
+		tick_if_due(&ag);
 	}
 	if (slots_workers(&ag))
 		log_warn("%u workers still attached after the grace period; their mappings "

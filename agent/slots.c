@@ -149,6 +149,7 @@ static void depart(struct agent *ag, struct slot_entry *e)
 	if (d->pidfd >= 0) {
 		struct epoll_event ev = { .events = EPOLLIN, .data.ptr = &d->w };
 
+		ag->watch_gen++; /* the batch may still name the old entry */
 		if (epoll_ctl(ag->ep, EPOLL_CTL_MOD, d->pidfd, &ev) < 0) {
 			agent_unwatch(ag, &d->pidfd);
 			*d = (struct slot_entry){ .pidfd = -1 };
@@ -359,6 +360,24 @@ void slots_adopted(struct agent *ag, struct client *cl)
 	e->last_kind = KVA_SLOT_LIVE;
 	if (e->kind == SK_RESERVED)
 		e->kind = SK_ATTACHED;
+	/* it says it made its word LIVE: a word of the same life that says
+	 * otherwise now was overwritten (or put back as JOINING before this
+	 * message came). A later generation is the worker's own leave (its
+	 * BYE is on the way), a reclaim is not ours to undo. */
+	if (e->kind == SK_ATTACHED) {
+		uint64_t w = shared_word(ag, e->slot), want = kva__slot_word(KVA_SLOT_LIVE, e->gen,
+									   e->pid);
+
+		if (w != want && kva__slot_gen(w) == e->gen &&
+		    kva__slot_kind(w) != KVA_SLOT_RECLAIMING) {
+			kva__slot_restore(ag->a, e->slot, want, e->start);
+			repaired(ag, e->slot, 1, "slot %u of live pid %d (\"%s\") was overwritten "
+				 "before its ADOPTED was read (kind %u, generation %u, pid %d), "
+				 "put back", e->slot, (int)e->pid, e->name, kva__slot_kind(w),
+				 kva__slot_gen(w), (int)kva__slot_pid(w));
+		}
+		e->odd_ticks = 0;
+	}
 }
 
 void slots_conn_ended(struct agent *ag, struct client *cl)
@@ -483,6 +502,13 @@ static void check_live(struct agent *ag, struct slot_entry *e, uint64_t w)
 		}
 		if (++e->odd_ticks < ODD_TICKS)
 			return;
+	} else if (e->last_kind == KVA_SLOT_JOINING && e->cl && ++e->odd_ticks < ODD_TICKS) {
+		/* Not adopted as far as the table knows: the worker may have
+		 * made its word LIVE and its ADOPTED be still on the way (a
+		 * busy loop reads it later). Putting back JOINING now would
+		 * tell a live worker it was reclaimed; the ADOPTED, when it
+		 * comes, puts back LIVE (slots_adopted). */
+		return;
 	}
 	kva__slot_restore(ag->a, e->slot, want, e->start);
 	repaired(ag, e->slot, 1, "slot %u of live pid %d (\"%s\") was overwritten (kind %u, "
