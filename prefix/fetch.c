@@ -34,6 +34,7 @@
 #include <signal.h>
 #include <stdlib.h>
 #include <string.h>
+#include <sys/mman.h>
 #include <sys/syscall.h>
 #include <time.h>
 #include <unistd.h>
@@ -42,10 +43,15 @@
 
 /* What this worker knows of its fetch items, in its own memory. */
 enum { MINE_NO = 0, MINE_YES = 1, MINE_ABANDONED = 2 };
+#define GRANULE (2ull << 20) /* host tier pages are mapped in this many at a time */
+
 struct kva__fetcher {
 	uint32_t count;       /* tickets issued */
 	uint32_t cursor;      /* where the next free item is looked for */
 	uint8_t mine[KVA__FETCH_ITEMS];
+	/* host tier granules in our page tables, a bit each; in the same
+	 * allocation, which the core frees at leave without knowing its shape */
+	uint64_t mapped[];
 };
 
 /*
@@ -164,7 +170,8 @@ static struct kva__fetcher *fetcher(struct kva_worker *w)
 
 	if (f)
 		return f;
-	f = calloc(1, sizeof(*f));
+	f = calloc(1, sizeof(*f) + (w->host_bytes + GRANULE * 64 - 1) / (GRANULE * 64) *
+				   sizeof(uint64_t));
 	if (!f)
 		return NULL;
 	for (uint32_t i = 0; i < KVA__FETCH_ITEMS; i++) {
@@ -179,12 +186,6 @@ static struct kva__fetcher *fetcher(struct kva_worker *w)
 	}
 	w->fetcher = f;
 	return f;
-}
-
-void kva__fetcher_free(struct kva_worker *w)
-{
-	free(w->fetcher);
-	w->fetcher = NULL;
 }
 
 /* an item nobody uses: ours to fill, or UINT32_MAX */
@@ -235,6 +236,27 @@ static void hist_add(struct kva_worker *w, uint64_t ns)
 }
 
 /*
+ * host_map_in - the host tier's pages of [@off, @off + @len) in our page
+ * tables, a 2 MiB granule at a time (MADV_POPULATE_READ, Linux 5.14): one
+ * call where touching them would fault each 4 KiB page in on its own, which
+ * costs a first copy several times the copy.
+ */
+static void host_map_in(struct kva_worker *w, uint64_t off, uint64_t len)
+{
+	struct kva__fetcher *f = w->fetcher;
+	uint64_t granules = (w->host_bytes + GRANULE - 1) / GRANULE;
+
+	for (uint64_t g = off / GRANULE; g <= (off + len - 1) / GRANULE && g < granules; g++) {
+		if (f->mapped[g / 64] & (1ull << (g % 64)))
+			continue;
+		madvise((void *)(w->host_map + g * GRANULE),
+			g * GRANULE + GRANULE <= w->host_bytes ? GRANULE : w->host_bytes - g * GRANULE,
+			MADV_POPULATE_READ);
+		f->mapped[g / 64] |= 1ull << (g % 64);
+	}
+}
+
+/*
  * host_copy - record @loc of the host tier into block @dest (ours alone), by
  * the seqlock of arena_pvt.h: magic (acquire), the header checked against
  * @key, the bytes copied and hashed, then (acquire fence) the header again.
@@ -253,6 +275,7 @@ static bool host_copy(struct kva_worker *w, uint32_t dest, const uint64_t key[2]
 
 	if (!w->host_map || (slot + 1) * rb > w->host_bytes)
 		return false;
+	host_map_in(w, slot * rb, rb);
 	hp = (const struct kva__rec_hdr *)(w->host_map + slot * rb);
 	if (atomic_load_explicit(&hp->magic, memory_order_acquire) != KVA__REC_MAGIC)
 		return false;

@@ -90,7 +90,6 @@ void kva__look_below(struct kva_seq *s, const int32_t *tokens, size_t m, size_t 
 		     const uint64_t k[2]);
 /* a fetch in flight ends now (kva_seq_close) */
 void kva__fetch_abandon(struct kva_seq *s);
-void kva__fetcher_free(struct kva_worker *w);
 
 /* hold.c: the agent's holds, for the tiers */
 bool kva__hold_published(struct kva_worker *w, uint32_t id, uint64_t *epoch);
@@ -106,6 +105,9 @@ void kva__rec_hdr_fill(struct kva__rec_hdr *h, uint64_t fp, const uint64_t key[2
 /* NULL, or why @h is not a record of @fp (for @key, if not NULL) of @length */
 const char *kva__rec_hdr_check(const struct kva__rec_hdr *h, uint64_t fp, const uint64_t *key,
 			       uint64_t length);
+/* piece @i of block @block in canonical order; false past the last */
+bool kva__rec_piece_at(const struct kva_arena_info *info, uint32_t block, uint32_t i,
+		       struct kva__piece *p);
 /* a block's pieces in canonical order; their count (kva__rec_pieces_max at most) */
 uint32_t kva__rec_pieces(const struct kva_arena_info *info, uint32_t block, struct kva__piece *p);
 uint32_t kva__rec_pieces_max(const struct kva_arena_info *info);

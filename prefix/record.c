@@ -19,7 +19,6 @@
 
 #include "prefix_pvt.h"
 
-#define CHUNK (32u << 10)
 
 uint64_t kva__rec_fingerprint(const struct kva_arena_info *info)
 {
@@ -105,8 +104,8 @@ uint32_t kva__rec_pieces(const struct kva_arena_info *info, uint32_t block, stru
  * block number 2 x layers (x 2 with scales); they are computed on the fly
  * rather than stored, one at a time.
  */
-static bool piece_at(const struct kva_arena_info *info, uint32_t block, uint32_t i,
-		     struct kva__piece *p)
+bool kva__rec_piece_at(const struct kva_arena_info *info, uint32_t block, uint32_t i,
+		       struct kva__piece *p)
 {
 	const struct kva_geometry *g = &info->geometry;
 	const struct kva_block_layout *l = &info->layout;
@@ -132,64 +131,67 @@ static bool piece_at(const struct kva_arena_info *info, uint32_t block, uint32_t
 	return true;
 }
 
+/* the paths (record_isa.h), and the one this CPU runs, picked once */
+uint64_t kva__rec_gather_sse2(struct kva_arena *a, uint32_t id, uint8_t *dst);
+bool kva__rec_scatter_sse2(struct kva_arena *a, uint32_t id, const uint8_t *src, uint64_t hash);
+uint64_t kva__rec_hash_sse2(struct kva_arena *a, uint32_t id);
+uint64_t kva__rec_gather_avx2(struct kva_arena *a, uint32_t id, uint8_t *dst);
+bool kva__rec_scatter_avx2(struct kva_arena *a, uint32_t id, const uint8_t *src, uint64_t hash);
+uint64_t kva__rec_hash_avx2(struct kva_arena *a, uint32_t id);
+uint64_t kva__rec_gather_avx512(struct kva_arena *a, uint32_t id, uint8_t *dst);
+bool kva__rec_scatter_avx512(struct kva_arena *a, uint32_t id, const uint8_t *src, uint64_t hash);
+uint64_t kva__rec_hash_avx512(struct kva_arena *a, uint32_t id);
+
+struct rec_ops {
+	uint64_t (*gather)(struct kva_arena *a, uint32_t id, uint8_t *dst);
+	bool (*scatter)(struct kva_arena *a, uint32_t id, const uint8_t *src, uint64_t hash);
+	uint64_t (*hash)(struct kva_arena *a, uint32_t id);
+};
+
+static const struct rec_ops ops_sse2 = { kva__rec_gather_sse2, kva__rec_scatter_sse2,
+					 kva__rec_hash_sse2 };
+static const struct rec_ops ops_avx2 = { kva__rec_gather_avx2, kva__rec_scatter_avx2,
+					 kva__rec_hash_avx2 };
+static const struct rec_ops ops_avx512 = { kva__rec_gather_avx512, kva__rec_scatter_avx512,
+					   kva__rec_hash_avx512 };
+
+/* racing first callers store the same pointer (relaxed: nothing else hangs on it) */
+static const struct rec_ops *ops(void)
+{
+	static const struct rec_ops *_Atomic chosen;
+	const struct rec_ops *o = atomic_load_explicit(&chosen, memory_order_relaxed);
+
+	if (!o) {
+		o = __builtin_cpu_supports("avx512f") && __builtin_cpu_supports("avx512bw")
+			    ? &ops_avx512
+		    : __builtin_cpu_supports("avx2") ? &ops_avx2
+						     : &ops_sse2;
+		atomic_store_explicit(&chosen, o, memory_order_relaxed);
+	}
+	return o;
+}
+
 uint64_t kva__rec_gather(struct kva_arena *a, uint32_t id, uint8_t *dst)
 {
-	const struct kva_arena_info *info = kva_arena_info(a);
-	const uint8_t *data = a->data;
-	struct kva__piece p;
-	XXH3_state_t st;
-
-	XXH3_64bits_reset(&st);
-	for (uint32_t i = 0; piece_at(info, id, i, &p); i++)
-		for (uint64_t o = 0; o < p.len; o += CHUNK) {
-			uint64_t n = p.len - o < CHUNK ? p.len - o : CHUNK;
-
-			memcpy(dst, data + p.off + o, n);
-			XXH3_64bits_update(&st, dst, n);
-			dst += n;
-		}
-	return XXH3_64bits_digest(&st);
+	return ops()->gather(a, id, dst);
 }
 
 bool kva__rec_scatter(struct kva_arena *a, uint32_t id, const uint8_t *src, uint64_t hash)
 {
-	const struct kva_arena_info *info = kva_arena_info(a);
-	uint8_t *data = a->data;
-	struct kva__piece p;
-	XXH3_state_t st;
-
-	XXH3_64bits_reset(&st);
-	for (uint32_t i = 0; piece_at(info, id, i, &p); i++)
-		for (uint64_t o = 0; o < p.len; o += CHUNK) {
-			uint64_t n = p.len - o < CHUNK ? p.len - o : CHUNK;
-
-			memcpy(data + p.off + o, src, n);
-			XXH3_64bits_update(&st, data + p.off + o, n);
-			src += n;
-		}
-	return XXH3_64bits_digest(&st) == hash;
+	return ops()->scatter(a, id, src, hash);
 }
 
 uint64_t kva__block_hash(struct kva_arena *a, uint32_t id)
 {
-	const struct kva_arena_info *info = kva_arena_info(a);
-	const uint8_t *data = a->data;
-	struct kva__piece p;
-	XXH3_state_t st;
-
-	XXH3_64bits_reset(&st);
-	for (uint32_t i = 0; piece_at(info, id, i, &p); i++)
-		XXH3_64bits_update(&st, data + p.off, p.len);
-	return XXH3_64bits_digest(&st);
+	return ops()->hash(a, id);
 }
-
 
 void kva__rec_put(struct kva_arena *a, uint32_t id, const uint8_t *src)
 {
 	const struct kva_arena_info *info = kva_arena_info(a);
 	struct kva__piece p;
 
-	for (uint32_t i = 0; piece_at(info, id, i, &p); i++) {
+	for (uint32_t i = 0; kva__rec_piece_at(info, id, i, &p); i++) {
 		memcpy(a->data + p.off, src, p.len);
 		src += p.len;
 	}
