@@ -135,7 +135,8 @@ static void usage(FILE *f)
 "  --allow-overcommit     start even if the arena is larger than the memory of the\n"
 "                         machine (or of --numa-node)\n"
 "  --prefault             touch every page of the arena at start, so that the\n"
-"                         memory is there (or start fails) before any worker\n",
+"                         memory is there (or start fails) before any worker\n"
+"                         (always with tiers: the agent copies every block)\n",
 		KVA_DEFAULT_SOCKET, KVA_MAX_WORKERS, KVA_MAX_WORKERS, KVA_MAX_TENANT_QUOTAS);
 	fprintf(f,
 "\n"

@@ -152,7 +152,10 @@ int main(int argc, char **argv)
 	kva_arena_set_quotas(a, &c.quotas);
 	kva_arena_set_cache_limit(a, c.cache_limit);
 	info = kva_arena_info(a);
-	if (c.prefault) {
+	/* with tiers the tier thread reads every block published, through its
+	 * own mapping: its pages faulted in at start, not one by one while a
+	 * burst of publications waits for their copies */
+	if (c.prefault || agent_tiers_on(&c)) {
 		uint64_t t0 = agent_now_ns();
 
 		if ((ret = kva__arena_prefault(a)) < 0) {

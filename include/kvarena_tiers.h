@@ -7,13 +7,17 @@
  * The prefix index is one index for all tiers: a key whose block left the
  * arena keeps its entry, which says where the copy is. kva_seq_match_tiers
  * says how many tokens matched in the arena and how many more are below; a
- * fetch brings those into fresh arena blocks of the sequence,
- * asynchronously, through the agent (which reads and verifies every record
- * against its key, geometry, length and checksum before anything is served).
- * A fetch that fails or is cancelled just means a shorter match.
+ * fetch brings those into fresh arena blocks of the sequence: a host
+ * record is copied by the worker itself from a read-only mapping of the
+ * host tier, a disk record is read by the agent straight into the worker's
+ * block (io_uring, O_DIRECT), asynchronously. Nothing is used before it
+ * verified against its key, the arena's geometry, its length and its
+ * XXH3 checksum; a record that does not is dropped and counted, never
+ * served. A fetch that fails or is cancelled just means a shorter match.
  *
  * Copies below are made by the agent ahead of eviction (it copies published
- * blocks to the host tier while they are still in the arena), so that a
+ * blocks to the host tier while they are still in the arena, the coldest
+ * first, and writes the host tier to disk in sequential runs), so that a
  * worker's kva_alloc / kva_free and its evictions never wait for a copy or
  * an I/O: an evictor only writes where the copy is into the index entry.
  */

@@ -7,14 +7,20 @@
  * a block exactly as any worker does: a holder bit, which the allocator,
  * eviction and reclaim all respect. Its round:
  *
- *   reap      io_uring completions: demotions written, fetch reads, the
- *             warm restart's header reads
- *   serve     fetch requests (first: a request is someone's latency)
- *   back      published blocks marked dirty (prefix/fetch.c): hold, copy to
- *             a host record with its checksum, write where the copy is into
- *             the block's meta (backing), let go; a budget of bytes a round
- *   demote    keep free host records: the coldest (clock) are written to
- *             the disk tier (or dropped if there is none, or it is degraded)
+ *   reap      io_uring completions: runs written, fetch reads, the warm
+ *             restart's header reads
+ *   serve     fetch requests (first: a request is someone's latency); a
+ *             worker copies host records itself, so what reaches us is
+ *             disk reads and host records rewritten under it
+ *   back      published blocks marked dirty (prefix/fetch.c), from the
+ *             eviction hand on: hold, copy to a host record with its
+ *             checksum, write where the copy is into the block's meta
+ *             (backing), let go; a budget of bytes a round
+ *   flush     with a disk tier the host tier is a ring: the records not on
+ *             disk yet are written, in order, as one sequential run of up
+ *             to 1 MiB (WRITE_FIXED) at the disk log's head, which
+ *             overwrites the oldest records on disk; without one, the
+ *             coldest host records (clock) are dropped to make room
  *   scan      at a warm restart, the disk tier's records of the earlier run
  *
  * and when a round finds nothing to do it sleeps on an epoll of the
@@ -29,11 +35,15 @@
  *             Killed before: no backing, the eviction loses the bytes as
  *             without tiers. A worker killed meanwhile: reclaim drops its
  *             bit; ours keeps the block in its life until we let go
- *   demote    the index entry moves from the host record to the disk one
- *             only after the write's completion; the host record stays
- *             valid until then. Killed mid-write: the host tier is gone
- *             with the agent, the disk record is torn and fails its checksum
- *             at the restart's scan or at its first read
+ *   flush     a host record's names move to its disk copy only after the
+ *             run's write completed, and only when the ring reuses the host
+ *             record; until then the host copy serves. A disk record
+ *             overwritten by the log loses its names (index entries
+ *             retired, backings cleared, blocks still in the arena marked
+ *             dirty for a new copy) before the write is submitted. Killed
+ *             mid-write: the host tier is gone with the agent, the torn
+ *             disk records fail their checksum at the restart's scan or at
+ *             their first read
  *   fetch     the requester's block is held by us while we write it, and
  *             DONE is stored after our last write and our drop; the record is
  *             verified (header: key, geometry, length; data: XXH3-64) into
@@ -816,53 +826,54 @@ static void remark(struct kva_arena *a, uint32_t word, uint64_t bits)
 	atomic_fetch_or(&a->dsum[word / 64], 1ull << (word % 64));
 }
 
-/* published blocks marked for a copy, within a round's budget */
+/*
+ * back_dirty - published blocks marked for a copy, within a round's budget,
+ * from the eviction hand on: the blocks evictors look at next are the ones
+ * to have a copy first (with a burst of publications, the order decides
+ * which blocks lose the race with eviction).
+ */
 static bool back_dirty(struct tiers *t, bool *stalled)
 {
 	struct kva_arena *a = t->a;
 	uint64_t budget = BACK_BUDGET;
+	uint32_t l0 = a->l0_words;
+	uint32_t from = atomic_load_explicit(&a->pool->hand, memory_order_relaxed) % a->blocks / 64;
 	bool any = false;
 
 	*stalled = false;
-	for (uint32_t sw = 0; sw < a->l1_words; sw++) {
-		uint64_t words;
+	for (uint32_t k = 0; k < l0;) {
+		uint32_t word = (from + k) % l0, sw = word / 64;
+		uint64_t sum = atomic_load_explicit(&a->dsum[sw], memory_order_relaxed), bits;
+		uint64_t bit = 1ull << (word % 64);
 
-		if (!atomic_load_explicit(&a->dsum[sw], memory_order_relaxed))
+		if (!sum) { /* the rest of this summary word: nothing */
+			uint32_t skip = 64 - word % 64;
+
+			k += skip < l0 - word ? skip : l0 - word;
 			continue;
-		words = atomic_exchange(&a->dsum[sw], 0);
-		while (words) {
-			uint32_t word = sw * 64 + (uint32_t)__builtin_ctzll(words);
-			uint64_t bits;
+		}
+		k++;
+		if (!(sum & bit))
+			continue;
+		/* the summary bit first, then the word: a bit set after our
+		 * read of the word has set the summary bit again (spill_mark) */
+		atomic_fetch_and(&a->dsum[sw], ~bit);
+		bits = atomic_exchange(&a->dirty[word], 0);
+		while (bits) {
+			uint32_t id = word * 64 + (uint32_t)__builtin_ctzll(bits);
 
-			words &= words - 1;
-			if (word >= a->l0_words)
-				continue;
-			bits = atomic_exchange(&a->dirty[word], 0);
-			while (bits) {
-				uint32_t id = word * 64 + (uint32_t)__builtin_ctzll(bits);
-
-				if (id >= a->blocks)
-					break;
-				if (*stalled || !budget) {
-					remark(a, word, bits);
-					break;
-				}
-				if (!back_one(t, id)) {
-					*stalled = true; /* the host tier is full: demote first */
-					remark(a, word, bits);
-					break;
-				}
-				bits &= bits - 1;
-				budget = budget > t->t[HOST].record_bytes ? budget - t->t[HOST].record_bytes
-									  : 0;
-				any = true;
-			}
-			if (*stalled || !budget) {
-				/* what is left of the summary word, for the next round */
-				if (words)
-					atomic_fetch_or(&a->dsum[sw], words);
+			if (id >= a->blocks)
+				break;
+			if (!budget || !back_one(t, id)) {
+				/* out of budget, or of host records (demote first):
+				 * what is left, for the next round */
+				*stalled = budget != 0;
+				remark(a, word, bits);
 				return any;
 			}
+			bits &= bits - 1;
+			budget = budget > t->t[HOST].record_bytes ? budget - t->t[HOST].record_bytes : 0;
+			any = true;
 		}
 	}
 	return any;
@@ -1350,6 +1361,29 @@ static void view(struct tiers *t)
 	atomic_store_explicit(&v->v[KVA__TVS_DOORBELLS], t->doorbells, memory_order_relaxed);
 }
 
+/*
+ * counters - the few counts that move with every copy and write, at the
+ * end of any round that did work: a tool waiting for its copies to be made
+ * sees them when they are, not at the next whole view.
+ */
+static void counters(struct tiers *t)
+{
+	struct kva__tier_view *v = &t->a->pool->tier_view;
+
+	atomic_store_explicit(&v->v[KVA__TVS_BACKED], t->backed, memory_order_relaxed);
+	atomic_store_explicit(&v->v[KVA__TVS_BACK_SKIPPED], t->back_skipped, memory_order_relaxed);
+	for (int k = 0; k < KVA_TIERS; k++) {
+		if (!t->t[k].on)
+			continue;
+		atomic_store_explicit(&v->t[k].v[KVA__TV_USED_RECORDS], t->t[k].used,
+				      memory_order_relaxed);
+		atomic_store_explicit(&v->t[k].v[KVA__TV_RECORDS_IN], t->t[k].records_in,
+				      memory_order_relaxed);
+		atomic_store_explicit(&v->t[k].v[KVA__TV_BYTES_IN], t->t[k].bytes_in,
+				      memory_order_relaxed);
+	}
+}
+
 /* ------------------------------------------------------------ the thread */
 
 static void drain_fd(int fd)
@@ -1451,6 +1485,8 @@ static void *run(void *arg)
 			t->last_view = now;
 			t->view_now = false;
 			view(t);
+		} else if (work) {
+			counters(t);
 		}
 		if (!work)
 			sleep_now(t, stalled);

@@ -1,7 +1,8 @@
 /* SPDX-License-Identifier: MIT */
 /*
- * host.c - the host tier's memory: one memfd the agent alone maps (workers
- * never see it: what they get back is a verified copy), on huge pages when
+ * host.c - the host tier's memory: one memfd the agent alone writes
+ * (workers map it read-only and copy a record out under its seqlock,
+ * checking its key and hash before they use a byte), on huge pages when
  * the system has them to give, else ordinary pages with transparent huge
  * pages asked for, bound to a NUMA node with libnuma, and faulted in at
  * start: a cache tier is memory the node has set aside, so its first copies
