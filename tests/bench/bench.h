@@ -217,7 +217,24 @@ int bench_line_print(struct bench_line *l);
 /* ------------------------------------------------------------ subcommands */
 
 int bench_alloc_main(int argc, char **argv);         /* bench_alloc.c */
+/* One kvarena-agent process of a benchmark's and where it lives (bench_agent.c). */
+struct bench_agent {
+	pid_t pid;          /* 0 once reaped */
+	char dir[32];       /* mkdtemp's */
+	char socket[64];
+	char log[64];
+	const char *who;    /* the subcommand, for messages */
+};
+struct kva_arena;
+/* start @path with --socket, --name and @extra (NULL-ended) in a fresh
+ * directory, wait until it answers; @observer maps its arena read-only */
+int bench_agent_start(const char *path, const char *const *extra, struct bench_agent *ap,
+		      struct kva_arena **observer);
+/* stop it (SIGTERM, exit 0 expected); keep its log if @status < 0 */
+int bench_agent_stop(struct bench_agent *ap, int status);
+
 int bench_attach_main(int argc, char **argv);        /* bench_agent.c */
+int bench_spill_main(int argc, char **argv);         /* bench_spill.c */
 int bench_reclaim_agent_main(int argc, char **argv); /* bench_agent.c */
 int bench_decode_main(int argc, char **argv);        /* bench_decode.c */
 

@@ -94,14 +94,6 @@
 
 /* ------------------------------------------------------------ the agent */
 
-/* One kvarena-agent process of ours and where it lives. */
-struct agent_proc {
-	pid_t pid;          /* 0 once reaped */
-	char dir[32];       /* mkdtemp's */
-	char socket[64];
-	char log[64];
-	const char *who;    /* the subcommand, for messages */
-};
 
 static void sleep_ms(unsigned ms)
 {
@@ -109,7 +101,7 @@ static void sleep_ms(unsigned ms)
 }
 
 /* agent_log_tail - the end of the agent's log, on stderr, to say why it failed. */
-static void agent_log_tail(const struct agent_proc *ap)
+static void agent_log_tail(const struct bench_agent *ap)
 {
 	char buf[3072], *start = buf;
 	FILE *f = fopen(ap->log, "r");
@@ -179,14 +171,14 @@ static void agent_exec(const char *path, char *const argv[], int log_fd, int err
 }
 
 /* agent_remove_dir - the socket (if left), the log, the directory. */
-static void agent_remove_dir(const struct agent_proc *ap)
+static void agent_remove_dir(const struct bench_agent *ap)
 {
 	unlink(ap->socket);
 	unlink(ap->log);
 	rmdir(ap->dir);
 }
 
-static int agent_finish(struct agent_proc *ap, int status);
+static int agent_finish(struct bench_agent *ap, int status);
 
 /*
  * agent_start - start @path on a socket in a fresh directory with an arena of
@@ -195,14 +187,24 @@ static int agent_finish(struct agent_proc *ap, int status);
  * Return: 0, or -errno; an agent that was started is then stopped, and its
  * directory kept if its log may say why (agent_finish).
  */
-static int agent_start(const char *path, uint32_t blocks, struct agent_proc *ap,
+static int agent_start(const char *path, uint32_t blocks, struct bench_agent *ap,
 		       struct kva_arena **observer)
 {
 	char blocks_arg[16];
-	char *const argv[] = {
-		(char *)path, (char *)"--socket", ap->socket, (char *)"--blocks", blocks_arg,
-		(char *)"--name", (char *)"kvarena-bench", NULL,
+	const char *extra[] = { "--blocks", blocks_arg, NULL };
+
+	snprintf(blocks_arg, sizeof(blocks_arg), "%u", blocks);
+	return bench_agent_start(path, extra, ap, observer);
+}
+
+int bench_agent_start(const char *path, const char *const *extra, struct bench_agent *ap,
+		      struct kva_arena **observer)
+{
+	char *argv[48] = {
+		(char *)path, (char *)"--socket", ap->socket, (char *)"--name",
+		(char *)"kvarena-bench",
 	};
+	unsigned argc = 5;
 	struct kva_agent_info info;
 	int log_fd, err_pipe[2], err = 0, ret, status;
 	uint64_t t0, deadline;
@@ -217,7 +219,9 @@ static int agent_start(const char *path, uint32_t blocks, struct agent_proc *ap,
 	}
 	snprintf(ap->socket, sizeof(ap->socket), "%s/agent.sock", ap->dir);
 	snprintf(ap->log, sizeof(ap->log), "%s/agent.log", ap->dir);
-	snprintf(blocks_arg, sizeof(blocks_arg), "%u", blocks);
+	for (; extra && *extra && argc < 47; extra++)
+		argv[argc++] = (char *)*extra;
+	argv[argc] = NULL;
 	log_fd = open(ap->log, O_WRONLY | O_CREAT | O_TRUNC | O_CLOEXEC, 0600);
 	if (log_fd < 0 || pipe2(err_pipe, O_CLOEXEC) < 0) {
 		ret = -errno;
@@ -290,7 +294,8 @@ static int agent_start(const char *path, uint32_t blocks, struct agent_proc *ap,
 		return agent_finish(ap, -EPROTO);
 	}
 	fprintf(stderr, "%s: agent %s pid %d, %u blocks, ready on %s in %.1f ms\n", ap->who,
-		path, (int)ap->pid, blocks, ap->socket, (double)(bench_now_ns() - t0) / 1e6);
+		path, (int)ap->pid, kva_arena_info(*observer)->blocks, ap->socket,
+		(double)(bench_now_ns() - t0) / 1e6);
 	return 0;
 }
 
@@ -300,7 +305,7 @@ static int agent_start(const char *path, uint32_t blocks, struct agent_proc *ap,
  * SIGKILLed. Failures are told on stderr. Return: 0, -ETIMEDOUT, -ECHILD
  * (another end than exit 0), -EEXIST (the socket is left).
  */
-static int agent_stop(struct agent_proc *ap)
+static int agent_stop(struct bench_agent *ap)
 {
 	uint64_t deadline = bench_now_ns() + STOP_TIMEOUT_MS * 1000000ull;
 	struct stat st;
@@ -341,7 +346,12 @@ static int agent_stop(struct agent_proc *ap)
  * one (@status < 0) keep it and show the end of the log. Return: @status if
  * it is an error, else agent_stop()'s.
  */
-static int agent_finish(struct agent_proc *ap, int status)
+int bench_agent_stop(struct bench_agent *ap, int status)
+{
+	return agent_finish(ap, status);
+}
+
+static int agent_finish(struct bench_agent *ap, int status)
 {
 	int ret = agent_stop(ap);
 
@@ -422,7 +432,7 @@ struct attach_samples {
  * BYE and end of file), as it would in a fleet of workers that start one
  * after another.
  */
-static int attach_rounds(const struct agent_proc *ap, unsigned n, struct attach_samples *s)
+static int attach_rounds(const struct bench_agent *ap, unsigned n, struct attach_samples *s)
 {
 	struct sockaddr_un sa = { .sun_family = AF_UNIX };
 	double scratch[3];
@@ -618,7 +628,7 @@ static int parse_or_exit(const struct agent_cmd *c, int argc, char **argv, struc
 
 int bench_attach_main(int argc, char **argv)
 {
-	struct agent_proc ap = { .who = "attach" };
+	struct bench_agent ap = { .who = "attach" };
 	struct attach_samples s = { 0 };
 	struct kva_arena *observer = NULL;
 	struct spread connect, attach, round;
@@ -885,7 +895,7 @@ static int reclaim_print(const struct agent_opts *o, struct kva_arena *obs, stru
 
 int bench_reclaim_agent_main(int argc, char **argv)
 {
-	struct agent_proc ap = { .who = "reclaim-agent" };
+	struct bench_agent ap = { .who = "reclaim-agent" };
 	struct kva_arena *observer = NULL;
 	struct reclaim_run r = { 0 };
 	struct agent_opts o;

@@ -24,6 +24,8 @@ static const struct subcommand {
 			   "blocks", bench_reclaim_agent_main },
 	{ "decode", "kva_decode over an arena against the read bandwidth of the same "
 		    "threads and a naive decode", bench_decode_main },
+	{ "spill", "the tiers below the arena (host memory, disk) against memcpy and raw "
+		   "io_uring O_DIRECT I/O", bench_spill_main },
 };
 
 #define N_SUBCOMMANDS (sizeof(subcommands) / sizeof(subcommands[0]))
