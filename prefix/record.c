@@ -155,17 +155,27 @@ static const struct rec_ops ops_avx2 = { kva__rec_gather_avx2, kva__rec_scatter_
 static const struct rec_ops ops_avx512 = { kva__rec_gather_avx512, kva__rec_scatter_avx512,
 					   kva__rec_hash_avx512 };
 
-/* racing first callers store the same pointer (relaxed: nothing else hangs on it) */
+/*
+ * The best path this CPU has, or the one KVA_RECORD_ISA names (sse2, avx2,
+ * avx512: to measure and test each path on one machine; a path the CPU
+ * lacks is not taken). Racing first callers store the same pointer
+ * (relaxed: nothing else hangs on it).
+ */
 static const struct rec_ops *ops(void)
 {
 	static const struct rec_ops *_Atomic chosen;
 	const struct rec_ops *o = atomic_load_explicit(&chosen, memory_order_relaxed);
 
 	if (!o) {
-		o = __builtin_cpu_supports("avx512f") && __builtin_cpu_supports("avx512bw")
-			    ? &ops_avx512
-		    : __builtin_cpu_supports("avx2") ? &ops_avx2
-						     : &ops_sse2;
+		bool avx512 = __builtin_cpu_supports("avx512f") && __builtin_cpu_supports("avx512bw");
+		bool avx2 = __builtin_cpu_supports("avx2");
+		const char *want = getenv("KVA_RECORD_ISA");
+
+		o = avx512 ? &ops_avx512 : avx2 ? &ops_avx2 : &ops_sse2;
+		if (want && !strcmp(want, "sse2"))
+			o = &ops_sse2;
+		else if (want && !strcmp(want, "avx2") && avx2)
+			o = &ops_avx2;
 		atomic_store_explicit(&chosen, o, memory_order_relaxed);
 	}
 	return o;

@@ -29,7 +29,8 @@
  * (gbps / raw_gbps), "p50_us", "p99_us", "raw_p50_us", "raw_p99_us",
  * "p99_ratio" (p99_us / raw_p99_us), and per figure: "bytes", "blocks",
  * "direct", "page_cache_growth" (bytes), "page_cache_ratio" (of the bytes
- * written), "idle_ns", "busy_ns".
+ * written), "idle_ns", "busy_ns"; and "isa", the record copy path of the
+ * agent and the workers (--isa, through KVA_RECORD_ISA).
  */
 #include <errno.h>
 #include <fcntl.h>
@@ -56,7 +57,7 @@
 #define BT 16u
 
 struct opts {
-	const char *agent, *dir;
+	const char *agent, *dir, *isa;
 	uint32_t layers, qd, reps;
 	uint64_t mib;
 	bool quick;
@@ -79,8 +80,37 @@ static void usage(FILE *f)
 "                  (default 64)\n"
 "  --reps N        latency samples (default 200)\n"
 "  --agent PATH    the kvarena-agent (default %s)\n"
+"  --isa ISA       the record copy path of the agent and the workers: auto\n"
+"                  (default), sse2, avx2, avx512 (KVA_RECORD_ISA)\n"
 "  --quick         a few MiB, a few samples: that it runs\n",
 		KVA_BENCH_AGENT);
+}
+
+/* the record copy path, for the agent (started after this) and for us */
+static const char *isa_name = "auto";
+
+static int set_isa(struct opts *o)
+{
+	bool avx512 = __builtin_cpu_supports("avx512f") && __builtin_cpu_supports("avx512bw");
+	bool avx2 = __builtin_cpu_supports("avx2");
+	const char *isa = o->isa ? o->isa : "auto";
+
+	if (!strcmp(isa, "auto")) {
+		isa_name = avx512 ? "avx512" : avx2 ? "avx2" : "sse2";
+		unsetenv("KVA_RECORD_ISA");
+		return 0;
+	}
+	if (strcmp(isa, "sse2") && strcmp(isa, "avx2") && strcmp(isa, "avx512")) {
+		fprintf(stderr, "spill: --isa auto, sse2, avx2 or avx512\n");
+		return -EINVAL;
+	}
+	if ((!strcmp(isa, "avx2") && !avx2) || (!strcmp(isa, "avx512") && !avx512)) {
+		fprintf(stderr, "spill: --isa %s: this CPU does not have it\n", isa);
+		return -ENOTSUP;
+	}
+	isa_name = isa;
+	setenv("KVA_RECORD_ISA", isa, 1);
+	return 0;
 }
 
 static int parse(int argc, char **argv, struct opts *o)
@@ -93,6 +123,7 @@ static int parse(int argc, char **argv, struct opts *o)
 		{ "reps", required_argument, NULL, 'r' },
 		{ "agent", required_argument, NULL, 'a' },
 		{ "quick", no_argument, NULL, 'Q' },
+		{ "isa", required_argument, NULL, 'i' },
 		{ "help", no_argument, NULL, 'h' },
 		{ NULL, 0, NULL, 0 },
 	};
@@ -113,6 +144,7 @@ static int parse(int argc, char **argv, struct opts *o)
 		case 'r': o->reps = (uint32_t)strtoul(optarg, &end, 10); break;
 		case 'a': o->agent = optarg; break;
 		case 'Q': o->quick = true; break;
+		case 'i': o->isa = optarg; break;
 		case 'h': usage(stdout); return 1;
 		default:
 			fprintf(stderr, "spill: %s: unknown flag or missing value\n", argv[optind - 1]);
@@ -131,7 +163,7 @@ static int parse(int argc, char **argv, struct opts *o)
 		o->mib = 32;
 		o->reps = 10;
 	}
-	return 0;
+	return set_isa(o);
 }
 
 /* ------------------------------------------------------------ figures */
@@ -177,7 +209,7 @@ static void print_fig(const struct fig *f)
 		printf(",\"p50_us\":%.1f,\"p99_us\":%.1f,\"raw_p50_us\":%.1f,\"raw_p99_us\":%.1f,"
 		       "\"p99_ratio\":%.3f", f->p50, f->p99, f->raw_p50, f->raw_p99,
 		       f->p99 / f->raw_p99);
-	printf("%s}\n", f->extra ? f->extra : "");
+	printf(",\"isa\":\"%s\"%s}\n", isa_name, f->extra ? f->extra : "");
 	fflush(stdout);
 }
 
