@@ -440,7 +440,8 @@ static pid_t start_agent(const struct opts *o, uint64_t blocks, uint64_t limit, 
 			strerror(errno));
 		_exit(127);
 	}
-	for (int k = 0; k < 500; k++) {
+	/* up to a minute: tiers of some GiB are faulted in and pinned at start */
+	for (int k = 0; k < 6000; k++) {
 		struct kva_arena *a;
 		int st;
 
