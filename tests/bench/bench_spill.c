@@ -75,7 +75,9 @@ static void usage(FILE *f)
 "                  (default /var/tmp)\n"
 "  --layers N      block size: N x 64 KiB (16 tokens x 8 kv heads x 128 x f16,\n"
 "                  K and V, per layer; default 4: 256 KiB)\n"
-"  --mib N         bytes demoted and fetched, in MiB (default 512)\n"
+"  --mib N         bytes demoted and fetched, in MiB (default 2048: a\n"
+"                  demotion of 100 ms, long enough that the agent's first\n"
+"                  wake-up and last round are not a tenth of it)\n"
 "  --qd N          the disk tier's io_uring queue depth and the raw I/O's\n"
 "                  (default 64)\n"
 "  --reps N        latency samples (default 200)\n"
@@ -130,7 +132,7 @@ static int parse(int argc, char **argv, struct opts *o)
 	int c;
 
 	*o = (struct opts){ .agent = KVA_BENCH_AGENT, .dir = "/var/tmp", .layers = 4, .qd = 64,
-			    .reps = 200, .mib = 512 };
+			    .reps = 200, .mib = 2048 };
 	optind = 0;
 	opterr = 0;
 	while ((c = getopt_long(argc, argv, "", lo, NULL)) != -1) {
@@ -695,8 +697,18 @@ static int run_host(const struct opts *o, uint64_t bb, uint32_t docs, const stru
 		free(lat);
 		return -ENOMEM;
 	}
-	/* demote: everything published at once, copied by the agent */
-	if ((ret = publish(w, 0, docs, &t0)) < 0 || (ret = wait_for(obs, BACKED, total, &t1)) < 0)
+	/* demote: everything published at once, copied by the agent. First
+	 * a pass of other prefixes over the whole host tier, as memcpy's
+	 * destination was written before it was timed: the agent's host tier
+	 * is memory it rewrites for its whole life, and a first write to
+	 * fresh pages (here, in a VM) ran at half speed in some runs. The
+	 * timed pass then also pays what the steady state pays: records
+	 * dropped (clock) to make room. */
+	if ((ret = publish(w, docs, docs, &t0)) < 0 || (ret = wait_for(obs, BACKED, total, &t1)) < 0)
+		goto out;
+	evict_all(w);
+	if ((ret = publish(w, 0, docs, &t0)) < 0 ||
+	    (ret = wait_for(obs, BACKED, 2 * total, &t1)) < 0)
 		goto out;
 	print_fig(&(struct fig){ .tier = "host", .op = "demote", .block_bytes = bb,
 				 .bytes = total * bb, .blocks = total, .gbps =
