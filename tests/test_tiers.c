@@ -34,6 +34,7 @@
 
 #include <cmocka.h>
 
+#include "arena_pvt.h"
 #include "kvarena.h"
 #include "testutil.h"
 
@@ -1122,6 +1123,105 @@ static void test_ctl_shows_the_tiers(void **state)
 	rm_rf(dir);
 }
 
+/*
+ * The tier words a worker can write, scribbled by an attached worker for two
+ * seconds (every slot's fetch requests POSTED with random blocks, epochs,
+ * keys and locations; the pending bits; the dirty bitmap and its summary;
+ * blocks' backings; reject lists; the doorbell rung) while another worker
+ * matches and fetches. The agent never serves a byte that is not its key's,
+ * never crashes or spins, and afterwards serves a new prefix whole, and the
+ * arena checks clean.
+ */
+static void test_scribbled_tier_words_fool_nobody(void **state)
+{
+	char dir[128];
+	struct setup s = { .host_bytes = "1M", .blocks = "64", .disk_bytes = "8M" };
+	struct tu_agent ag;
+	struct kva_worker *w;
+	pid_t scrib;
+	int status;
+	uint32_t bad = 0, served = 0;
+	uint64_t t0;
+
+	(void)state;
+	mkdir_tmp(dir, sizeof(dir));
+	s.disk_dir = dir;
+	start(&ag, &s);
+	w = attach(&ag, "good");
+	publish_evict(&ag, w, 900, 12, 8);
+	scrib = tu_fork();
+	if (scrib == 0) {
+		struct kva_worker *v;
+		struct kva_arena *a;
+		uint64_t seed = 77, one = 1;
+		uint64_t end;
+
+		if (kva_attach(ag.socket, "scribbler", &v) < 0)
+			_exit(3);
+		a = kva_worker_arena(v);
+		end = now_ms() + 2000;
+		while (now_ms() < end) {
+			for (uint32_t k = 0; k < 64; k++) {
+				uint32_t sl = (uint32_t)(tu_rand(&seed) % a->max_workers);
+				struct kva__fetch_area *fa = &a->fetch[sl];
+				struct kva__fitem *it = &fa->item[tu_rand(&seed) % KVA__FETCH_ITEMS];
+				uint64_t r = tu_rand(&seed);
+
+				atomic_store(&it->dest, (uint32_t)(r % 3 ? r % a->blocks : r));
+				atomic_store(&it->dest_epoch, (uint32_t)tu_rand(&seed));
+				atomic_store(&it->key[0], tu_rand(&seed));
+				atomic_store(&it->key[1], tu_rand(&seed));
+				atomic_store(&it->loc, r % 2 ? kva__loc_make((uint32_t)(r >> 8) % 3,
+									    (uint32_t)(r >> 16),
+									    (uint32_t)(r >> 32) % 1024)
+							     : tu_rand(&seed));
+				atomic_store(&it->state, kva__f_word(KVA__F_POSTED, (uint32_t)(r >> 40)));
+				atomic_store(&fa->reject[r % KVA__REJECTS], r % 5 ? 0 : tu_rand(&seed));
+				atomic_store(&fa->reject_next, (uint32_t)tu_rand(&seed));
+				atomic_store(&a->dirty[r % a->l0_words], tu_rand(&seed));
+				atomic_store(&a->dsum[r % a->l1_words], tu_rand(&seed));
+				atomic_store(&a->bmeta[r % a->blocks].backing, tu_rand(&seed));
+			}
+			atomic_store(&a->pool->fetch_pending, ~0ull);
+			if (v->doorbell >= 0 && write(v->doorbell, &one, sizeof(one)) < 0)
+				_exit(4);
+			sleep_ms(1);
+		}
+		_exit(0);
+	}
+	t0 = now_ms();
+	while (now_ms() - t0 < 2000) {
+		for (uint32_t d = 0; d < 12; d++) {
+			struct got g = get_doc(w, 900 + d, 8, 2000);
+
+			bad += g.bad;
+			served += g.r.host_blocks + g.r.disk_blocks;
+			evict_all(w);
+		}
+	}
+	assert_int_equal(waitpid(scrib, &status, 0), scrib);
+	assert_true(WIFEXITED(status) && WEXITSTATUS(status) == 0);
+	assert_int_equal(bad, 0);
+	assert_int_equal(kill(ag.pid, 0), 0);
+	print_message("      during the scribbles: %u blocks fetched, none wrong\n", served);
+	/* afterwards: a new prefix goes down and comes back whole */
+	sleep_ms(300);
+	publish_evict(&ag, w, 950, 1, 8);
+	{
+		struct got g = get_doc(w, 950, 8, 5000);
+
+		if (g.tokens != 8 * 16 || g.bad)
+			fail_msg("after the scribbles: %zu tokens of 128 (%u host, %u disk, %u failed), "
+				 "%u bad", g.tokens, g.r.host_blocks, g.r.disk_blocks,
+				 g.r.failed_blocks, g.bad);
+	}
+	kva_detach(w);
+	check_clean(&ag);
+	stop(&ag);
+	tu_agent_cleanup(&ag);
+	rm_rf(dir);
+}
+
 int main(int argc, char **argv)
 {
 	const struct CMUnitTest tests[] = {
@@ -1135,6 +1235,7 @@ int main(int argc, char **argv)
 		cmocka_unit_test(test_no_o_direct_is_said_and_handled),
 		cmocka_unit_test(test_a_low_memlock_limit_is_refused_by_name),
 		cmocka_unit_test(test_ctl_shows_the_tiers),
+		cmocka_unit_test(test_scribbled_tier_words_fool_nobody),
 	};
 
 	if (argc < 3) {
