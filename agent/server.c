@@ -392,6 +392,23 @@ static int welcome(struct agent *ag, struct client *cl, bool ro)
 	return 0;
 }
 
+/* messages already sent on admitted connections other than @cl (of its uid
+ * if @same_uid): a few each, a BYE among them ends its connection */
+static void read_pending(struct agent *ag, struct client *cl, bool same_uid)
+{
+	for (unsigned k = 0; k < ag->max_clients; k++)
+		for (int m = 0; m < 4; m++) {
+			struct client *o = ag->clients[k];
+			char b;
+
+			if (!o || o == cl || !o->admitted || o->fd < 0 ||
+			    (same_uid && o->uid != cl->uid) ||
+			    recv(o->fd, &b, 1, MSG_PEEK | MSG_DONTWAIT) < 0)
+				break;
+			on_conn(ag, o); /* may free it: read again from the table */
+		}
+}
+
 static int on_hello(struct agent *ag, struct client *cl, const char *buf, int n)
 {
 	union kva__msg m;
@@ -422,7 +439,15 @@ static int on_hello(struct agent *ag, struct client *cl, const char *buf, int n)
 		return refuse(ag, cl, KVA__REFUSE_STOPPING, "the agent is shutting down");
 	if (observer)
 		return welcome(ag, cl, true);
-	if ((ret = slots_admit(ag, cl, why, sizeof(why))) < 0)
+	if ((ret = slots_admit(ag, cl, why, sizeof(why))) == -EDQUOT || ret == -EUSERS) {
+		/* a limit counts lives still there: read what the other
+		 * connections (of this uid, or all when the arena is full) have
+		 * sent first. A worker that detaches and attaches again at once
+		 * has its BYE queued behind this HELLO. */
+		read_pending(ag, cl, ret == -EDQUOT);
+		ret = slots_admit(ag, cl, why, sizeof(why));
+	}
+	if (ret < 0)
 		return refuse(ag, cl, ret == -EUSERS   ? KVA__REFUSE_FULL
 				      : ret == -EDQUOT ? KVA__REFUSE_LIMIT
 						       : KVA__REFUSE_INTERNAL, "%s", why);

@@ -388,6 +388,38 @@ static void test_no_free_slot_is_eusers_and_a_leaver_makes_room(void **state)
 	stop_cleanly(&ag);
 }
 
+/*
+ * A worker that detaches and attaches again at once: its BYE is queued
+ * behind the new HELLO, and the agent must read it before it says the
+ * arena is full (-EUSERS) or the process is over its limit (-EDQUOT).
+ */
+static void test_detach_then_attach_at_once_is_never_refused(void **state)
+{
+	static const char *const full[] = { "--max-workers", "2", NULL };
+	static const char *const limit[] = { "--max-workers", "8", "--max-slots-per-pid", "2",
+					      NULL };
+	const char *const *args[] = { full, limit };
+
+	(void)state;
+	for (int k = 0; k < 2; k++) {
+		struct tu_agent ag;
+		struct kva_worker *w[2];
+
+		start(&ag, args[k]);
+		assert_int_equal(kva_attach(ag.socket, "one", &w[0]), 0);
+		assert_int_equal(kva_attach(ag.socket, "two", &w[1]), 0);
+		for (int r = 0; r < 300; r++) {
+			kva_detach(w[r % 2]);
+			if (kva_attach(ag.socket, "again", &w[r % 2]) < 0)
+				fail_msg("%s: round %d: %s", k ? "--max-slots-per-pid 2" :
+				 "--max-workers 2", r, kva_errmsg());
+		}
+		kva_detach(w[0]);
+		kva_detach(w[1]);
+		stop_cleanly(&ag);
+	}
+}
+
 static void test_a_reservation_never_adopted_is_taken_back(void **state)
 {
 	struct tu_agent ag;
@@ -798,6 +830,7 @@ int main(int argc, char **argv)
 		cmocka_unit_test(test_a_hello_with_a_lying_pid_is_refused),
 		cmocka_unit_test(test_malformed_and_foreign_hellos_close_only_their_connection),
 		cmocka_unit_test(test_no_free_slot_is_eusers_and_a_leaver_makes_room),
+		cmocka_unit_test(test_detach_then_attach_at_once_is_never_refused),
 		cmocka_unit_test(test_a_reservation_never_adopted_is_taken_back),
 		cmocka_unit_test(test_sigterm_tells_attached_workers_and_exits_clean),
 		cmocka_unit_test(test_a_stale_socket_is_replaced_and_a_live_one_is_not),
