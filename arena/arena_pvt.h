@@ -16,7 +16,12 @@
  *                             where the block's index entry is (prefix/evict.c)
  *   dirty_off   spill hints   one bit per block: "published, maybe without a
  *                             copy in a tier below" (tiers/), and a summary
- *                             bit per word (dsum_off)
+ *                             bit per word (dsum_off): set by publishers
+ *                             (fetch_or, word then summary), taken by the
+ *                             agent (summary cleared, then the word
+ *                             exchanged). Hints only: a bit lost to a crash
+ *                             is a block evicted without a copy (counted),
+ *                             a bit set for nothing is a skipped copy
  *   fetch_off   fetch queues  max_workers x struct kva__fetch_area: a worker's
  *                             requests to the agent to bring blocks up from
  *                             the tiers (prefix/fetch.c, tiers/)
@@ -498,7 +503,11 @@ struct kva__bmeta {
  * FREE; one the agent has taken it leaves to finish, and only then reuses
  * the item. Everything the agent reads here is checked: dest against the
  * arena and the descriptor, loc against its own table, key against the
- * record.
+ * record. A crash half-way: a worker that dies leaves its items to the
+ * slot's next life, which frees those still POSTED and leaves BUSY ones to
+ * the agent (prefix/fetch.c, fetcher()); reclaim drops the dead worker's
+ * bit on each dest, and the agent's drop frees it. An agent that dies
+ * leaves items BUSY: their waiter sees the agent gone and gives them up.
  */
 /*
  * A record of the tiers below the arena: the same bytes in both tiers, so

@@ -118,6 +118,17 @@ bool kva__rec_scatter(struct kva_arena *a, uint32_t id, const uint8_t *src, uint
 void kva__rec_put(struct kva_arena *a, uint32_t id, const uint8_t *src);
 /* the hash of block @id's bytes where they lie, in canonical order */
 uint64_t kva__block_hash(struct kva_arena *a, uint32_t id);
+/* the same, per instruction set (record_isa.h): record.c picks one at run
+ * time (KVA_RECORD_ISA forces one); test_record runs each */
+#define KVA__REC_PATH(isa)                                                              \
+	uint64_t kva__rec_gather_##isa(struct kva_arena *a, uint32_t id, uint8_t *dst);  \
+	bool kva__rec_scatter_##isa(struct kva_arena *a, uint32_t id, const uint8_t *src, \
+				    uint64_t hash);                                      \
+	uint64_t kva__rec_hash_##isa(struct kva_arena *a, uint32_t id);
+KVA__REC_PATH(sse2)
+KVA__REC_PATH(avx2)
+KVA__REC_PATH(avx512)
+#undef KVA__REC_PATH
 
 /* evict.c */
 void kva__hint_touch(struct kva_arena *a, uint32_t id, uint64_t tick, bool hit);

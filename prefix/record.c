@@ -131,17 +131,7 @@ bool kva__rec_piece_at(const struct kva_arena_info *info, uint32_t block, uint32
 	return true;
 }
 
-/* the paths (record_isa.h), and the one this CPU runs, picked once */
-uint64_t kva__rec_gather_sse2(struct kva_arena *a, uint32_t id, uint8_t *dst);
-bool kva__rec_scatter_sse2(struct kva_arena *a, uint32_t id, const uint8_t *src, uint64_t hash);
-uint64_t kva__rec_hash_sse2(struct kva_arena *a, uint32_t id);
-uint64_t kva__rec_gather_avx2(struct kva_arena *a, uint32_t id, uint8_t *dst);
-bool kva__rec_scatter_avx2(struct kva_arena *a, uint32_t id, const uint8_t *src, uint64_t hash);
-uint64_t kva__rec_hash_avx2(struct kva_arena *a, uint32_t id);
-uint64_t kva__rec_gather_avx512(struct kva_arena *a, uint32_t id, uint8_t *dst);
-bool kva__rec_scatter_avx512(struct kva_arena *a, uint32_t id, const uint8_t *src, uint64_t hash);
-uint64_t kva__rec_hash_avx512(struct kva_arena *a, uint32_t id);
-
+/* the paths (record_isa.h; declared in prefix_pvt.h), and the one this CPU runs */
 struct rec_ops {
 	uint64_t (*gather)(struct kva_arena *a, uint32_t id, uint8_t *dst);
 	bool (*scatter)(struct kva_arena *a, uint32_t id, const uint8_t *src, uint64_t hash);

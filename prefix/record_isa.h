@@ -34,6 +34,20 @@
 #define REC_CAT(a, b) REC_CAT2(a, b)
 #define REC_FN(x) REC_CAT(kva__rec_##x, REC_ISA)
 
+#if defined(__AVX512F__)
+typedef __m512i rec_vec;
+#define REC_LOAD(p) _mm512_loadu_si512((const void *)(p))
+#define REC_STREAM(p, v) _mm512_stream_si512((void *)(p), v)
+#elif defined(__AVX2__)
+typedef __m256i rec_vec;
+#define REC_LOAD(p) _mm256_loadu_si256((const void *)(p))
+#define REC_STREAM(p, v) _mm256_stream_si256((void *)(p), v)
+#else
+typedef __m128i rec_vec;
+#define REC_LOAD(p) _mm_loadu_si128((const void *)(p))
+#define REC_STREAM(p, v) _mm_stream_si128((void *)(p), v)
+#endif
+
 /*
  * copy_nt - @n bytes, the destination's stores non-temporal where it is
  * aligned to the vector; the caller fences (sfence) before anyone may read
@@ -41,13 +55,7 @@
  */
 static inline void copy_nt(uint8_t *dst, const uint8_t *src, uint64_t n)
 {
-#if defined(__AVX512F__)
-	enum { V = 64 };
-#elif defined(__AVX2__)
-	enum { V = 32 };
-#else
-	enum { V = 16 };
-#endif
+	enum { V = sizeof(rec_vec) };
 	uint64_t head = ((uintptr_t)-(uintptr_t)dst) & (V - 1);
 
 	if (head > n)
@@ -56,43 +64,18 @@ static inline void copy_nt(uint8_t *dst, const uint8_t *src, uint64_t n)
 	dst += head;
 	src += head;
 	n -= head;
+	/* four loads, then four streams: the loads in flight together */
 	for (; n >= 4 * V; n -= 4 * V, dst += 4 * V, src += 4 * V) {
-#if defined(__AVX512F__)
-		__m512i a = _mm512_loadu_si512(src), b = _mm512_loadu_si512(src + 64),
-			c = _mm512_loadu_si512(src + 128), d = _mm512_loadu_si512(src + 192);
+		rec_vec a = REC_LOAD(src), b = REC_LOAD(src + V), c = REC_LOAD(src + 2 * V),
+			d = REC_LOAD(src + 3 * V);
 
-		_mm512_stream_si512((void *)dst, a);
-		_mm512_stream_si512((void *)(dst + 64), b);
-		_mm512_stream_si512((void *)(dst + 128), c);
-		_mm512_stream_si512((void *)(dst + 192), d);
-#elif defined(__AVX2__)
-		__m256i a = _mm256_loadu_si256((const void *)src),
-			b = _mm256_loadu_si256((const void *)(src + 32)),
-			c = _mm256_loadu_si256((const void *)(src + 64)),
-			d = _mm256_loadu_si256((const void *)(src + 96));
-
-		_mm256_stream_si256((void *)dst, a);
-		_mm256_stream_si256((void *)(dst + 32), b);
-		_mm256_stream_si256((void *)(dst + 64), c);
-		_mm256_stream_si256((void *)(dst + 96), d);
-#else
-		__m128i a = _mm_loadu_si128((const void *)src),
-			b = _mm_loadu_si128((const void *)(src + 16)),
-			c = _mm_loadu_si128((const void *)(src + 32)),
-			d = _mm_loadu_si128((const void *)(src + 48));
-
-		_mm_stream_si128((void *)dst, a);
-		_mm_stream_si128((void *)(dst + 16), b);
-		_mm_stream_si128((void *)(dst + 32), c);
-		_mm_stream_si128((void *)(dst + 48), d);
-#endif
+		REC_STREAM(dst, a);
+		REC_STREAM(dst + V, b);
+		REC_STREAM(dst + 2 * V, c);
+		REC_STREAM(dst + 3 * V, d);
 	}
 	memcpy(dst, src, n);
 }
-
-uint64_t REC_FN(gather)(struct kva_arena *a, uint32_t id, uint8_t *dst);
-bool REC_FN(scatter)(struct kva_arena *a, uint32_t id, const uint8_t *src, uint64_t hash);
-uint64_t REC_FN(hash)(struct kva_arena *a, uint32_t id);
 
 uint64_t REC_FN(gather)(struct kva_arena *a, uint32_t id, uint8_t *dst)
 {

@@ -21,17 +21,6 @@
 #include "prefix_pvt.h"
 #include "testutil.h"
 
-uint64_t kva__rec_gather_sse2(struct kva_arena *a, uint32_t id, uint8_t *dst);
-bool kva__rec_scatter_sse2(struct kva_arena *a, uint32_t id, const uint8_t *src, uint64_t hash);
-uint64_t kva__rec_hash_sse2(struct kva_arena *a, uint32_t id);
-uint64_t kva__rec_gather_avx2(struct kva_arena *a, uint32_t id, uint8_t *dst);
-bool kva__rec_scatter_avx2(struct kva_arena *a, uint32_t id, const uint8_t *src, uint64_t hash);
-uint64_t kva__rec_hash_avx2(struct kva_arena *a, uint32_t id);
-uint64_t kva__rec_gather_avx512(struct kva_arena *a, uint32_t id, uint8_t *dst);
-bool kva__rec_scatter_avx512(struct kva_arena *a, uint32_t id, const uint8_t *src,
-			     uint64_t hash);
-uint64_t kva__rec_hash_avx512(struct kva_arena *a, uint32_t id);
-
 static const struct path {
 	const char *name;
 	uint64_t (*gather)(struct kva_arena *a, uint32_t id, uint8_t *dst);
