@@ -523,9 +523,10 @@ static void fetch_disk(struct tiers *t, struct disk_op *op, uint32_t i)
 }
 
 /*
- * serve - one request, taken (BUSY with @ticket) from slot @slot's item @i.
- * Returns false if it needs a disk operation and none is free (the request
- * was not taken then: the caller checks first).
+ * serve - one request, taken (BUSY with @ticket) from slot @slot's item @i,
+ * finished here (DONE or FAILED) or handed to a disk read. The caller made
+ * sure of a free disk operation for a disk location; a request forwarded to
+ * disk when none is free goes back to POSTED.
  */
 static void serve(struct tiers *t, uint32_t slot, uint32_t i, uint32_t ticket)
 {
