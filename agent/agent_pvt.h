@@ -8,6 +8,7 @@
 
 #include <stdbool.h>
 #include <stdint.h>
+#include <string.h>
 #include <sys/types.h>
 
 #include "kvarena.h"
@@ -20,9 +21,17 @@ struct agent_config {
 	mode_t socket_mode;
 	gid_t socket_group;          /* (gid_t)-1: leave as created */
 	char name[32];
-	char backend[16];            /* "host" */
+	char backend[16];            /* "host" or "cuda" */
 	uint32_t blocks;             /* 0: from memory */
 	uint64_t memory;             /* bytes; used when blocks == 0 */
+	/* --backend cuda: the device (an ordinal or a UUID; "" = 0), the share
+	 * of its free memory the data takes when neither --blocks nor --memory
+	 * says (0: not given), the chunks' size (0: the library's default),
+	 * how workers get the memory */
+	char device[64];
+	double memory_fraction;
+	uint64_t chunk_bytes;
+	enum kva_cuda_ipc ipc;
 	struct kva_geometry geometry;
 	bool hugepages;
 	int32_t numa_node;           /* -1: none */
@@ -49,6 +58,11 @@ struct agent_config {
 	struct tier_config tiers;    /* the tiers below the arena (tiers/tiers.h) */
 	bool host_node_set;          /* --host-numa-node given (else --numa-node's) */
 };
+
+static inline bool agent_on_gpu(const struct agent_config *c)
+{
+	return !strcmp(c->backend, "cuda");
+}
 
 /* tiers on: a host tier, a disk tier, or both */
 static inline bool agent_tiers_on(const struct agent_config *c)
@@ -164,6 +178,7 @@ struct agent {
 	bool stopping, listen_paused;
 	uint64_t deadline_ns, last_check_ns, listen_resume_ns, listen_backoff_ms;
 	uint64_t next_tick_ns;    /* the tick runs by the clock (tick_if_due) */
+	uint64_t next_dev_ns;     /* a GPU arena: when to read the device's memory next */
 	uint64_t watch_gen;       /* bumped when a watch is freed or moved */
 	unsigned rr;              /* where the next epoll batch is read from */
 	uint64_t admitted, refused, reclaimed;

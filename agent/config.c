@@ -29,7 +29,7 @@ enum opt {
 	O_QUOTA_PINNED, O_TENANT_QUOTA, O_CACHE_LIMIT, O_MAX_PENDING, O_MAX_PENDING_UID,
 	O_HELLO_TIMEOUT, O_MAX_SLOTS_PID, O_MAX_SLOTS_UID, O_ALLOW_OVERCOMMIT, O_PREFAULT,
 	O_HOST_BYTES, O_HOST_NUMA_NODE, O_HOST_HUGEPAGES, O_DISK_DIR, O_DISK_BYTES, O_DISK_DIRECT,
-	O_DISK_QD, O_CONFIG, O_HELP, O_VERSION,
+	O_DISK_QD, O_DEVICE, O_MEMORY_FRACTION, O_CHUNK_BYTES, O_IPC, O_CONFIG, O_HELP, O_VERSION,
 };
 
 static const struct option options[] = {
@@ -75,6 +75,10 @@ static const struct option options[] = {
 	{ "disk-bytes", required_argument, NULL, O_DISK_BYTES },
 	{ "disk-direct", required_argument, NULL, O_DISK_DIRECT },
 	{ "disk-queue-depth", required_argument, NULL, O_DISK_QD },
+	{ "device", required_argument, NULL, O_DEVICE },
+	{ "memory-fraction", required_argument, NULL, O_MEMORY_FRACTION },
+	{ "chunk-bytes", required_argument, NULL, O_CHUNK_BYTES },
+	{ "ipc", required_argument, NULL, O_IPC },
 	{ "config", required_argument, NULL, O_CONFIG },
 	{ "help", no_argument, NULL, O_HELP },
 	{ "version", no_argument, NULL, O_VERSION },
@@ -94,7 +98,8 @@ static void usage(FILE *f)
 "  --socket-mode MODE     octal file mode of the socket (default 0660)\n"
 "  --socket-group GROUP   group of the socket file (name or gid)\n"
 "  --name NAME            arena name shown by ops tools (default kvarena)\n"
-"  --backend host         memory backend: host memory (memfd)\n"
+"  --backend B            where the blocks live: host (default: a memfd) or cuda\n"
+"                         (a GPU's memory; see below)\n"
 "  --blocks N             number of blocks\n"
 "  --memory SIZE          or: size of the data region (K, M, G, T suffixes);\n"
 "                         default 128M\n"
@@ -105,7 +110,8 @@ static void usage(FILE *f)
 "  --dtype T              f32, f16, bf16, fp8_e4m3, int8 (default f16)\n"
 "  --layout L             block-major (default) or layer-major\n"
 "  --hugepages            back the data with 2 MiB huge pages if the system has them\n"
-"  --numa-node N          bind the data region to NUMA node N\n"
+"  --numa-node N          bind the data region to NUMA node N (with --backend\n"
+"                         cuda: the host tier's node)\n"
 "  --max-workers N        worker slots, 1..%u (default %u)\n"
 "  --worker-cache N       per-worker cache capacity in blocks (default: from the size)\n"
 "  --allow-uid UID[,...]  users allowed to attach (names or numbers; repeatable);\n"
@@ -152,6 +158,20 @@ static void usage(FILE *f)
 "                         system does not take it (said in the log and by\n"
 "                         kvarena-ctl tiers); require: refuse to start then; off\n"
 "  --disk-queue-depth N   io_uring queue depth, 8..4096 (default 64)\n"
+"\n"
+"A GPU arena (--backend cuda): the blocks in one device's memory, shared with\n"
+"every worker process on it; the metadata stays in host memory. Workers find\n"
+"the device by UUID. libcuda is loaded at run time.\n"
+"  --device D             the GPU: an ordinal (default 0) or its UUID (GPU-...)\n"
+"  --memory-fraction F    or, instead of --blocks or --memory: this share (0..1]\n"
+"                         of the device's free memory at start\n"
+"  --chunk-bytes SIZE     the region is chunks of cuMemCreate, each exported as a\n"
+"                         file descriptor (default 512M; rounded up to the\n"
+"                         device's granularity)\n"
+"  --ipc M                auto (default): POSIX fds where the device has them,\n"
+"                         else legacy; fd: those or refuse to start; legacy: one\n"
+"                         cuMemAlloc shared by cuIpcGetMemHandle\n"
+"\n"
 "  --config FILE          read these settings from FILE first: one \"key = value\"\n"
 "                         per line, keys as the flags without dashes, each once\n"
 "  --help, --version\n"
@@ -326,17 +346,50 @@ static int set_option(struct agent_config *c, int opt, const char *key, const ch
 		snprintf(c->name, sizeof(c->name), "%s", v);
 		return 0;
 	case O_BACKEND:
-		if (strcmp(v, "host"))
-			return bad(key, v, "this agent has the host backend only");
+		if (strcmp(v, "host") && strcmp(v, "cuda"))
+			return bad(key, v, "host or cuda");
 		snprintf(c->backend, sizeof(c->backend), "%s", v);
 		return 0;
+	/* --blocks, --memory and --memory-fraction size the arena: the last wins */
 	case O_BLOCKS:
+		c->memory_fraction = 0;
 		return parse_u32(key, v, 1, KVA_MAX_BLOCKS, &c->blocks);
 	case O_MEMORY:
 		ret = parse_size(key, v, &c->memory);
-		if (ret == 0)
+		if (ret == 0) {
 			c->blocks = 0;
+			c->memory_fraction = 0;
+		}
 		return ret;
+	case O_MEMORY_FRACTION: {
+		char *end;
+		double f;
+
+		errno = 0;
+		f = strtod(v, &end);
+		if (errno || *end || end == v || !isfinite(f) || f <= 0 || f > 1)
+			return bad(key, v, "a share of the device's free memory, above 0, 1 at most");
+		c->memory_fraction = f;
+		c->blocks = 0;
+		return 0;
+	}
+	case O_DEVICE:
+		if (!*v || strlen(v) >= sizeof(c->device) || !text_printable(v, sizeof(c->device) - 1))
+			return bad(key, v, "an ordinal or a UUID (GPU-...)");
+		snprintf(c->device, sizeof(c->device), "%s", v);
+		return 0;
+	case O_CHUNK_BYTES:
+		return parse_size(key, v, &c->chunk_bytes);
+	case O_IPC:
+		if (!strcmp(v, "auto"))
+			c->ipc = KVA_IPC_AUTO;
+		else if (!strcmp(v, "fd"))
+			c->ipc = KVA_IPC_FD;
+		else if (!strcmp(v, "legacy"))
+			c->ipc = KVA_IPC_LEGACY;
+		else
+			return bad(key, v, "auto, fd or legacy");
+		return 0;
 	case O_BLOCK_TOKENS:
 		return parse_u32(key, v, 1, 65536, &c->geometry.block_tokens);
 	case O_LAYERS:
@@ -643,6 +696,17 @@ int agent_config_parse(int argc, char **argv, struct agent_config *c)
 		c->tiers.disk_bytes = 1ull << 30;
 	if (!c->host_node_set)
 		c->tiers.host_node = c->numa_node;
+	if (!agent_on_gpu(c) && (c->device[0] || c->memory_fraction || c->chunk_bytes ||
+				 c->ipc != KVA_IPC_AUTO)) {
+		fprintf(stderr, "kvarena-agent: --device, --memory-fraction, --chunk-bytes and --ipc "
+			"are for --backend cuda\n");
+		return -EINVAL;
+	}
+	if (agent_on_gpu(c) && c->hugepages) {
+		fprintf(stderr, "kvarena-agent: --hugepages: the data of --backend cuda is device "
+			"memory (--host-hugepages is the host tier's)\n");
+		return -EINVAL;
+	}
 	if (agent_tiers_on(c) && c->max_workers < 2) {
 		fprintf(stderr, "kvarena-agent: the tiers take one worker slot for the agent: "
 			"--max-workers 2 at least\n");

@@ -167,6 +167,21 @@ static int cmd_status(struct ctl *c)
 		       info->hugetlb ? " on huge pages" : "",
 		       info->numa_node >= 0 ? " bound to a NUMA node" : "",
 		       (double)info->meta_bytes / 1024);
+		if (info->backend == KVA_BACKEND_CUDA) {
+			printf("  backend  cuda: %s, %s\n", clean(info->device_name, buf, sizeof(buf)),
+			       info->device_uuid);
+			printf("  region   %.1f MiB mapped in %u chunk%s of %.1f MiB, granularity %llu "
+			       "KiB, shared by %s\n", (double)info->data_map_bytes / (1 << 20),
+			       info->chunks, info->chunks == 1 ? "" : "s",
+			       (double)info->chunk_bytes / (1 << 20),
+			       (unsigned long long)info->granularity / 1024,
+			       info->ipc == KVA_IPC_FD ? "POSIX fds" : "legacy CUDA IPC");
+			printf("  device   %.2f GiB free of %.2f GiB\n",
+			       (double)ar.device_free_bytes / (1ull << 30),
+			       (double)ar.device_total_bytes / (1ull << 30));
+		} else {
+			printf("  backend  host\n");
+		}
 		return 0;
 	}
 	o = json_object_new_object();
@@ -195,6 +210,18 @@ static int cmd_status(struct ctl *c)
 	add_int(o, "meta_bytes", (int64_t)info->meta_bytes);
 	json_object_object_add(o, "hugetlb", json_object_new_boolean(info->hugetlb));
 	add_int(o, "numa_node", info->numa_node);
+	add_str(o, "backend", info->backend == KVA_BACKEND_CUDA ? "cuda" : "host");
+	if (info->backend == KVA_BACKEND_CUDA) {
+		add_str(o, "device_name", clean(info->device_name, buf, sizeof(buf)));
+		add_str(o, "device_uuid", info->device_uuid);
+		add_str(o, "ipc", info->ipc == KVA_IPC_FD ? "fd" : "legacy");
+		add_u64(o, "chunk_bytes", info->chunk_bytes);
+		add_int(o, "chunks", info->chunks);
+		add_u64(o, "granularity", info->granularity);
+		add_u64(o, "data_map_bytes", info->data_map_bytes);
+		add_u64(o, "device_free_bytes", ar.device_free_bytes);
+		add_u64(o, "device_total_bytes", ar.device_total_bytes);
+	}
 	geo = json_object_new_object();
 	add_int(geo, "block_tokens", g->block_tokens);
 	add_int(geo, "layers", g->layers);

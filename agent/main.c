@@ -46,7 +46,9 @@ static int blocks_for_memory(const struct agent_config *c, uint32_t *blocks)
  * starts (memfds are lazy), then fails a worker at a random page with SIGBUS
  * or OOM, and the first full check faults gigabytes of index into memory.
  * Refused unless the operator says --allow-overcommit; the memory of the
- * NUMA node when bound to one.
+ * NUMA node when bound to one. A GPU arena's data is the device's (whose
+ * memory the driver checks at creation): the host holds its metadata and
+ * the host tier.
  */
 static int fits_memory(const struct agent_config *c)
 {
@@ -61,7 +63,7 @@ static int fits_memory(const struct agent_config *c)
 		return -EINVAL;
 	}
 	kva__meta_layout(c->blocks, c->max_workers, tiers_keys(&c->tiers, l.block_bytes), &m);
-	need = l.data_bytes + m.meta_bytes + c->tiers.host_bytes;
+	need = (agent_on_gpu(c) ? 0 : l.data_bytes) + m.meta_bytes + c->tiers.host_bytes;
 	have = (uint64_t)sysconf(_SC_PHYS_PAGES) * (uint64_t)sysconf(_SC_PAGESIZE);
 	if (c->numa_node >= 0 && numa_available() >= 0) {
 		long long node_bytes = numa_node_size64(c->numa_node, NULL);
@@ -77,9 +79,38 @@ static int fits_memory(const struct agent_config *c)
 	log_err("the arena needs %.1f GiB (%.1f GiB of blocks, %.1f GiB of metadata, %.1f GiB "
 		"of host tier), %s has %.1f GiB of memory: a smaller --memory, --blocks or "
 		"--host-bytes, or --allow-overcommit", (double)need / (1ull << 30),
-		(double)l.data_bytes / (1ull << 30), (double)m.meta_bytes / (1ull << 30),
+		agent_on_gpu(c) ? 0.0 : (double)l.data_bytes / (1ull << 30),
+		(double)m.meta_bytes / (1ull << 30),
 		(double)c->tiers.host_bytes / (1ull << 30), where, (double)have / (1ull << 30));
 	return -ENOMEM;
+}
+
+/*
+ * --backend cuda: the device, as the driver sees it before the arena is
+ * made; with --memory-fraction, the data region takes that share of its
+ * free memory (as serving engines size their KV cache). The driver's own
+ * context, made next, takes some of what is free: a fraction of 1 leaves
+ * no room for it.
+ */
+static int gpu_size(struct agent_config *c)
+{
+	struct kva_cuda_device d;
+
+	if (kva_cuda_device_query(c->device[0] ? c->device : NULL, &d) < 0) {
+		log_err("--backend cuda: %s", kva_errmsg());
+		return -ENODEV;
+	}
+	log_info("GPU %d: %s, %s: %.2f GiB free of %.2f GiB; VMM %s, POSIX fd handles %s, "
+		 "GPUDirect RDMA %s, granularity %llu KiB", d.ordinal, d.name, d.uuid,
+		 (double)d.free_bytes / (1ull << 30), (double)d.total_bytes / (1ull << 30),
+		 d.vmm ? "yes" : "no", d.posix_fd ? "yes" : "no", d.rdma ? "yes" : "no",
+		 (unsigned long long)d.granularity / 1024);
+	if (c->memory_fraction) {
+		c->memory = (uint64_t)(c->memory_fraction * (double)d.free_bytes);
+		log_info("--memory-fraction %g: %.2f GiB for blocks", c->memory_fraction,
+			 (double)c->memory / (1ull << 30));
+	}
+	return 0;
 }
 
 static void tiers_log(int level, const char *site, const char *msg)
@@ -121,6 +152,7 @@ int main(int argc, char **argv)
 {
 	struct agent_config c;
 	struct kva_arena_opts o;
+	struct kva_cuda_opts cuda;
 	struct kva_arena *a;
 	const struct kva_arena_info *info;
 	struct kva_worker *self = NULL;
@@ -133,6 +165,8 @@ int main(int argc, char **argv)
 	agent_log_level = c.log_level;
 	/* a file size limit is an error to report (EFBIG), not a death */
 	signal(SIGXFSZ, SIG_IGN);
+	if (agent_on_gpu(&c) && gpu_size(&c) < 0)
+		return 1;
 	if (!c.blocks && blocks_for_memory(&c, &c.blocks) < 0)
 		return 2;
 	if (fits_memory(&c) < 0)
@@ -142,6 +176,12 @@ int main(int argc, char **argv)
 		.cache_blocks = c.worker_cache, .numa_node = c.numa_node, .name = c.name,
 		.flags = c.hugepages ? KVA_ARENA_HUGETLB : 0,
 	};
+	if (agent_on_gpu(&c)) {
+		cuda = (struct kva_cuda_opts){ .device = c.device[0] ? c.device : NULL,
+					       .chunk_bytes = c.chunk_bytes, .ipc = c.ipc };
+		o.cuda = &cuda;
+		o.numa_node = -1; /* the host tier's (config.c) */
+	}
 	if (agent_tiers_on(&c) && kva_geometry_layout(&c.geometry, 1, &bl) == 0)
 		o.tier_keys = tiers_keys(&c.tiers, bl.block_bytes);
 	if ((ret = kva_arena_create(&c.geometry, &o, &a)) < 0) {
@@ -156,17 +196,18 @@ int main(int argc, char **argv)
 	 * own mapping: its pages faulted in at start, not one by one while a
 	 * burst of publications waits for their copies */
 	if (c.prefault || agent_tiers_on(&c)) {
+		/* device memory is all there once made: the host's pages only */
+		double mib = (double)((info->backend == KVA_BACKEND_CUDA ? 0 : info->layout.data_bytes) +
+				      info->meta_bytes) / (1 << 20);
 		uint64_t t0 = agent_now_ns();
 
 		if ((ret = kva__arena_prefault(a)) < 0) {
-			log_err("--prefault: the arena's %.1f MiB are not all there: %s",
-				(double)(info->layout.data_bytes + info->meta_bytes) / (1 << 20),
+			log_err("--prefault: the arena's %.1f MiB are not all there: %s", mib,
 				strerror(-ret));
 			kva_arena_close(a);
 			return 1;
 		}
-		log_info("--prefault: %.1f MiB touched in %.0f ms",
-			 (double)(info->layout.data_bytes + info->meta_bytes) / (1 << 20),
+		log_info("--prefault: %.1f MiB touched in %.0f ms", mib,
 			 (double)(agent_now_ns() - t0) / 1e6);
 	}
 	log_info("arena \"%s\" (%s backend): %u blocks of %llu KiB (%u tokens x %u layers x K,V x "
@@ -182,6 +223,14 @@ int main(int argc, char **argv)
 	log_info("prefix cache: index of %llu entries, eviction policy %s, %s%u blocks at most",
 		 (unsigned long long)info->index_entries, kva_evict_policy_name(c.evict_policy),
 		 c.cache_limit ? "" : "no limit: ", c.cache_limit ? c.cache_limit : info->blocks);
+	if (info->backend == KVA_BACKEND_CUDA)
+		log_info("GPU region on %s (%s): %.1f MiB in %u chunk%s of %.1f MiB (granularity "
+			 "%llu KiB), shared by %s", info->device_name, info->device_uuid,
+			 (double)info->data_map_bytes / (1 << 20), info->chunks,
+			 info->chunks == 1 ? "" : "s", (double)info->chunk_bytes / (1 << 20),
+			 (unsigned long long)info->granularity / 1024,
+			 info->ipc == KVA_IPC_FD ? "POSIX fds (cuMemCreate)"
+						 : "a legacy CUDA IPC handle (cuMemAlloc)");
 	if (!info->cache_blocks && !c.worker_cache)
 		log_info("no worker caches: %u blocks are too few for one (1/64 of the arena, 8 "
 			 "at least); every allocation goes to the shared pool", info->blocks);

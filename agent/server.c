@@ -39,6 +39,7 @@
 
 #include "agent_pvt.h"
 #include "arena_pvt.h"
+#include "devmem_pvt.h"
 #include "proto_pvt.h"
 
 #define TICK_MS 100
@@ -332,11 +333,45 @@ static int reopen_ro(int fd)
 	return open(path, O_RDONLY | O_CLOEXEC);
 }
 
+/*
+ * A GPU arena's memory, to a worker just welcomed: the chunks' fds in
+ * messages of at most SCM_MAX_FD each, in order (the fds stay the agent's:
+ * each send passes new references), or the legacy IPC handle. The socket
+ * is non-blocking: a peer that leaves them unread until its buffer is full
+ * gets an error here, not a wait.
+ */
+static int send_devmem(struct agent *ag, int fd)
+{
+	const struct kva_arena_info *info = kva_arena_info(ag->a);
+	union kva__msg m;
+	int ret;
+
+	if (info->ipc == KVA_IPC_LEGACY) {
+		kva__msg_init(&m, KVA__MSG_DEVMEM);
+		m.devmem.count = 1;
+		m.devmem.flags = KVA__DEVMEM_LEGACY;
+		memcpy(m.devmem.ipc_handle, kva__dev_ipc_handle(ag->a->dev),
+		       sizeof(m.devmem.ipc_handle));
+		return kva__sock_send(fd, &m, NULL, 0);
+	}
+	for (uint32_t first = 0; first < info->chunks; first += KVA__SCM_MAX_FD) {
+		uint32_t n = info->chunks - first < KVA__SCM_MAX_FD ? info->chunks - first
+								     : KVA__SCM_MAX_FD;
+
+		kva__msg_init(&m, KVA__MSG_DEVMEM);
+		m.devmem.first = first;
+		m.devmem.count = n;
+		if ((ret = kva__sock_send(fd, &m, kva__dev_fds(ag->a->dev) + first, (int)n)) < 0)
+			return ret;
+	}
+	return 0;
+}
+
 static int welcome(struct agent *ag, struct client *cl, bool ro)
 {
 	const struct kva_arena_info *info = kva_arena_info(ag->a);
-	int fds[4] = { kva_arena_meta_fd(ag->a), kva_arena_data_fd(ag->a),
-		       tiers_doorbell(ag->tiers), -1 }, ret, nfds = 2;
+	bool device = info->backend == KVA_BACKEND_CUDA;
+	int fds[4], opened[4], nfds = 0, nopened = 0, ret = 0;
 	struct slot_entry *e = ro ? NULL : &ag->slots[cl->slot];
 	union kva__msg m;
 
@@ -344,33 +379,37 @@ static int welcome(struct agent *ag, struct client *cl, bool ro)
 	m.welcome.slot = ro ? KVA__NO_SLOT : cl->slot;
 	m.welcome.generation = ro ? 0 : e->gen;
 	m.welcome.agent_pid = getpid();
-	m.welcome.flags = ro ? KVA__WELCOME_READONLY : 0;
-	if (!ro && fds[2] >= 0) {
-		/* the tiers: the doorbell, and the host tier to copy from,
-		 * read-only (a new open file description, like an observer's) */
-		nfds = 3;
+	m.welcome.flags = (ro ? KVA__WELCOME_READONLY : 0) | (device ? KVA__WELCOME_DEVICE : 0);
+	m.welcome.meta_bytes = info->meta_bytes;
+	m.welcome.data_bytes = info->data_map_bytes;
+	kva__msg_str(m.welcome.arena, sizeof(m.welcome.arena), info->name);
+	/* the regions (a GPU arena's data comes after, as chunks); an observer
+	 * gets read-only duplicates: new open file descriptions */
+	for (int k = 0; k < (device ? 1 : 2); k++) {
+		int f = k ? kva_arena_data_fd(ag->a) : kva_arena_meta_fd(ag->a);
+
+		if (ro && (f = opened[nopened++] = reopen_ro(f)) < 0)
+			ret = -errno;
+		fds[nfds++] = f;
+	}
+	if (!ro && ret == 0 && tiers_doorbell(ag->tiers) >= 0) {
+		fds[nfds++] = tiers_doorbell(ag->tiers);
 		m.welcome.flags |= KVA__WELCOME_DOORBELL;
-		if (tiers_host_fd(ag->tiers) >= 0 && (fds[3] = reopen_ro(tiers_host_fd(ag->tiers))) >= 0) {
-			nfds = 4;
+		/* the host tier to copy from, read-only; not to a GPU arena's
+		 * workers, whose fetches the agent copies up (tiers/) */
+		if (!device && tiers_host_fd(ag->tiers) >= 0 &&
+		    (opened[nopened] = reopen_ro(tiers_host_fd(ag->tiers))) >= 0) {
+			fds[nfds++] = opened[nopened++];
 			m.welcome.flags |= KVA__WELCOME_HOSTTIER;
 		}
 	}
-	m.welcome.meta_bytes = info->meta_bytes;
-	m.welcome.data_bytes = info->layout.data_bytes;
-	kva__msg_str(m.welcome.arena, sizeof(m.welcome.arena), info->name);
-	if (ro) {
-		fds[0] = reopen_ro(fds[0]);
-		fds[1] = reopen_ro(fds[1]);
-	}
-	ret = fds[0] < 0 || fds[1] < 0 ? -errno : kva__sock_send(cl->fd, &m, fds, nfds);
-	if (fds[3] >= 0)
-		close(fds[3]);
-	if (ro) {
-		if (fds[0] >= 0)
-			close(fds[0]);
-		if (fds[1] >= 0)
-			close(fds[1]);
-	}
+	if (ret == 0)
+		ret = kva__sock_send(cl->fd, &m, fds, nfds);
+	if (ret == 0 && !ro && device)
+		ret = send_devmem(ag, cl->fd);
+	while (nopened)
+		if (opened[--nopened] >= 0)
+			close(opened[nopened]);
 	if (ret < 0) {
 		log_warn("WELCOME to pid %d: %s", (int)cl->pid, strerror(-ret));
 		if (!ro) /* no worker came of it: the reservation goes back */
@@ -541,6 +580,17 @@ static void tick_if_due(struct agent *ag)
 			ag->spare_fd = open("/dev/null", O_RDONLY | O_CLOEXEC);
 	}
 	slots_tick(ag);
+	if (ag->a->dev && now >= ag->next_dev_ns) {
+		uint64_t f, t;
+
+		/* for ops tools (kvarena-ctl status): once a second is enough */
+		ag->next_dev_ns = now + 1000000000ull;
+		if (kva__dev_mem_info(ag->a->dev, &f, &t) == 0)
+			kva__view_set_device(ag->a, f, t);
+		else
+			agent_log_at(LOG_WARN, "cuMemGetInfo", "the device's memory: %s",
+				     kva_errmsg());
+	}
 	agent_log_flush();
 	if (ag->cfg->check_interval_ms &&
 	    now - ag->last_check_ns >= (uint64_t)ag->cfg->check_interval_ms * 1000000ull) {
@@ -654,6 +704,12 @@ int agent_serve(const struct agent_config *c, struct kva_arena *a, struct kva_wo
 	}
 	kva_arena_set_agent(a, KVA_AGENT_RUNNING);
 	slots_init(&ag);
+	if (a->dev) {
+		uint64_t f, t;
+
+		if (kva__dev_mem_info(a->dev, &f, &t) == 0)
+			kva__view_set_device(a, f, t);
+	}
 	{
 		char ids[256] = "";
 		size_t off = 0;

@@ -222,6 +222,14 @@ void kva__view_set(struct kva_arena *a, uint64_t repairs, const char *last_repai
 	atomic_store_explicit(&a->pool->view.pending, pending, memory_order_relaxed);
 }
 
+void kva__view_set_device(struct kva_arena *a, uint64_t free_bytes, uint64_t total_bytes)
+{
+	if (a->readonly)
+		return;
+	atomic_store_explicit(&a->pool->view.dev_free, free_bytes, memory_order_relaxed);
+	atomic_store_explicit(&a->pool->view.dev_total, total_bytes, memory_order_relaxed);
+}
+
 int kva_arena_agent_report(const struct kva_arena *a, struct kva_agent_report *r)
 {
 	char buf[128];
@@ -240,6 +248,9 @@ int kva_arena_agent_report(const struct kva_arena *a, struct kva_agent_report *r
 	r->reclaims_pending = (uint32_t)atomic_load_explicit(&a->pool->view.pending,
 							     memory_order_relaxed);
 	r->max_workers = a->max_workers;
+	r->device_free_bytes = atomic_load_explicit(&a->pool->view.dev_free, memory_order_relaxed);
+	r->device_total_bytes = atomic_load_explicit(&a->pool->view.dev_total,
+						     memory_order_relaxed);
 	for (uint32_t s = 0; s < a->max_workers; s++) {
 		uint64_t w0 = atomic_load_explicit(&a->pool->view.slot[s][0], memory_order_relaxed);
 		uint64_t w1 = atomic_load_explicit(&a->pool->view.slot[s][1], memory_order_relaxed);

@@ -1,6 +1,9 @@
 /* SPDX-License-Identifier: MIT */
 /*
- * arena.c - make an arena, open one from its two fds, close it.
+ * arena.c - make an arena, open one from its two fds, close it. A GPU
+ * arena's data is device memory (devmem.c): its creator makes it here, and
+ * a worker imports it through the agent (ipc/attach.c) after opening the
+ * metadata alone.
  */
 #include <errno.h>
 #include <fcntl.h>
@@ -11,6 +14,7 @@
 #include <unistd.h>
 
 #include "arena_pvt.h"
+#include "devmem_pvt.h"
 
 static uint32_t default_cache(uint32_t blocks)
 {
@@ -44,6 +48,9 @@ static int opts_check(const struct kva_arena_opts *o, uint32_t *workers, uint32_
 		return kva__err(-EINVAL, "options: unknown flags %#x", o->flags);
 	if (o->numa_node < -1)
 		return kva__err(-EINVAL, "options: numa_node %d", o->numa_node);
+	if (o->cuda && (o->flags & KVA_ARENA_HUGETLB || o->numa_node >= 0))
+		return kva__err(-EINVAL, "options: huge pages and a NUMA node are for host memory, "
+				"not a GPU arena");
 	if (o->tier_keys > KVA__TIER_KEYS_MAX)
 		return kva__err(-EINVAL, "options: tier_keys %llu above %llu",
 				(unsigned long long)o->tier_keys,
@@ -85,6 +92,40 @@ static int meta_init(uint8_t *meta, const struct kva__header *h)
 	return 0;
 }
 
+/* a host arena's data: a memfd, on huge pages if asked and there are some,
+ * bound to a NUMA node if asked (before any page is touched) */
+static int host_data(struct kva__header *h, const struct kva_block_layout *l,
+		     const struct kva_arena_opts *o, int *fd)
+{
+	bool huge = o->flags & KVA_ARENA_HUGETLB;
+	uint64_t data_size;
+	void *data;
+	int ret;
+
+	ret = kva__region_create("kvarena-data", l->data_bytes, huge, fd, &data_size);
+	if (ret < 0 && huge) {
+		/* asked for huge pages but the system has none to give: ordinary pages */
+		huge = false;
+		ret = kva__region_create("kvarena-data", l->data_bytes, false, fd, &data_size);
+	}
+	if (ret == -EFBIG)
+		return ret; /* kva_errmsg() says which limit */
+	if (ret < 0)
+		return kva__err(ret, "data memfd of %llu bytes: %s",
+				(unsigned long long)l->data_bytes, strerror(-ret));
+	h->flags = huge ? KVA__HDR_HUGETLB : 0;
+	if (o->numa_node < 0)
+		return 0;
+	if ((ret = kva__region_map(*fd, data_size, false, &data)) < 0)
+		return kva__err(ret, "mapping the data region: %s", strerror(-ret));
+	ret = kva__region_bind_node(data, data_size, o->numa_node);
+	munmap(data, data_size);
+	if (ret < 0)
+		return kva__err(ret, "binding the data region to NUMA node %d: %s", o->numa_node,
+				ret == -EINVAL ? "no such node" : strerror(-ret));
+	return 0;
+}
+
 int kva_arena_create(const struct kva_geometry *g, const struct kva_arena_opts *o,
 		     struct kva_arena **out)
 {
@@ -92,10 +133,10 @@ int kva_arena_create(const struct kva_geometry *g, const struct kva_arena_opts *
 	struct kva__meta_layout m;
 	struct kva__header h;
 	uint32_t workers = 0, cache = 0;
-	uint64_t data_size, meta_size;
+	uint64_t meta_size;
 	int meta_fd = -1, data_fd = -1, ret;
-	bool huge;
-	void *meta = NULL, *data = NULL;
+	struct kva__dev *dev = NULL;
+	void *meta = NULL;
 
 	if (!g || !o || !out)
 		return kva__err(-EINVAL, "kva_arena_create: NULL argument");
@@ -140,6 +181,22 @@ int kva_arena_create(const struct kva_geometry *g, const struct kva_arena_opts *
 	h.fetch_off = m.fetch_off;
 	snprintf(h.name, sizeof(h.name), "%s", o->name ? o->name : "kvarena");
 
+	if (o->cuda) {
+		struct kva__dev_geom dg;
+
+		if ((ret = kva__dev_create(o->cuda, l.data_bytes, &dg, &dev)) < 0)
+			return ret;
+		h.backend = KVA_BACKEND_CUDA;
+		h.ipc = dg.ipc;
+		h.granularity = dg.granularity;
+		h.chunk_bytes = dg.chunk_bytes;
+		h.map_bytes = dg.map_bytes;
+		h.chunks = dg.chunks;
+		h.device_total = dg.total_bytes;
+		memcpy(h.device_uuid, dg.uuid, sizeof(h.device_uuid));
+		memcpy(h.device_name, dg.name, sizeof(h.device_name));
+		h.device_name[sizeof(h.device_name) - 1] = '\0';
+	}
 	ret = kva__region_create("kvarena-meta", m.meta_bytes, false, &meta_fd, &meta_size);
 	if (ret == -EFBIG)
 		goto fail; /* kva_errmsg() says which limit */
@@ -148,39 +205,13 @@ int kva_arena_create(const struct kva_geometry *g, const struct kva_arena_opts *
 			 (unsigned long long)m.meta_bytes, strerror(-ret));
 		goto fail;
 	}
-	huge = o->flags & KVA_ARENA_HUGETLB;
-	ret = kva__region_create("kvarena-data", l.data_bytes, huge, &data_fd, &data_size);
-	if (ret < 0 && huge) {
-		/* asked for huge pages but the system has none to give: ordinary pages */
-		huge = false;
-		ret = kva__region_create("kvarena-data", l.data_bytes, false, &data_fd, &data_size);
-	}
-	if (ret < 0 && ret != -EFBIG) {
-		kva__err(ret, "data memfd of %llu bytes: %s", (unsigned long long)l.data_bytes,
-			 strerror(-ret));
+	if (!dev && (ret = host_data(&h, &l, o, &data_fd)) < 0)
 		goto fail;
-	}
-	if (ret < 0)
-		goto fail;
-	h.flags = huge ? KVA__HDR_HUGETLB : 0;
 	h.checksum = kva__header_checksum(&h);
 
 	if ((ret = kva__region_map(meta_fd, meta_size, false, &meta)) < 0) {
 		kva__err(ret, "mapping the metadata region: %s", strerror(-ret));
 		goto fail;
-	}
-	if (o->numa_node >= 0) {
-		if ((ret = kva__region_map(data_fd, data_size, false, &data)) < 0) {
-			kva__err(ret, "mapping the data region: %s", strerror(-ret));
-			goto fail;
-		}
-		ret = kva__region_bind_node(data, data_size, o->numa_node);
-		munmap(data, data_size);
-		if (ret < 0) {
-			kva__err(ret, "binding the data region to NUMA node %d: %s", o->numa_node,
-				 ret == -EINVAL ? "no such node" : strerror(-ret));
-			goto fail;
-		}
 	}
 	if ((ret = meta_init(meta, &h)) < 0) {
 		kva__err(ret, "the slots' reclaim leases: %s", strerror(-ret));
@@ -188,12 +219,18 @@ int kva_arena_create(const struct kva_geometry *g, const struct kva_arena_opts *
 	}
 	munmap(meta, meta_size);
 	meta = NULL;
-	if ((ret = kva__region_seal(meta_fd)) < 0 || (ret = kva__region_seal(data_fd)) < 0) {
+	if ((ret = kva__region_seal(meta_fd)) < 0 ||
+	    (data_fd >= 0 && (ret = kva__region_seal(data_fd)) < 0)) {
 		kva__err(ret, "sealing the regions: %s", strerror(-ret));
 		goto fail;
 	}
 	/* from here on the creator is one more opener */
-	ret = kva_arena_open(meta_fd, data_fd, out);
+	if (!dev) {
+		ret = kva_arena_open(meta_fd, data_fd, out);
+	} else if ((ret = kva__arena_open_meta(meta_fd, 0, out)) == 0) {
+		kva__arena_set_dev(*out, dev);
+		dev = NULL;
+	}
 fail:
 	if (meta)
 		munmap(meta, meta_size);
@@ -201,6 +238,9 @@ fail:
 		close(meta_fd);
 	if (data_fd >= 0)
 		close(data_fd);
+	kva__err_hold(true);
+	kva__dev_close(dev);
+	kva__err_hold(false);
 	return ret;
 }
 
@@ -209,63 +249,9 @@ int kva_arena_open(int meta_fd, int data_fd, struct kva_arena **out)
 	return kva_arena_open_flags(meta_fd, data_fd, 0, out);
 }
 
-int kva_arena_open_flags(int meta_fd, int data_fd, unsigned flags, struct kva_arena **out)
+/* the pointers into the metadata, and the info, from the validated header */
+static void arena_fill(struct kva_arena *a)
 {
-	struct kva_arena *a;
-	uint64_t meta_size, data_size;
-	void *p;
-	ssize_t n;
-	int ret;
-
-	if (!out || (flags & ~KVA_OPEN_READONLY))
-		return kva__err(-EINVAL, "kva_arena_open: bad argument");
-	kva__err_clear();
-	if (meta_fd < 0 || data_fd < 0)
-		return kva__err(-EBADF, "kva_arena_open: negative fd");
-	if ((ret = kva__region_size(meta_fd, &meta_size)) < 0)
-		return kva__err(ret, "metadata fd: not a memory file (%s)", strerror(-ret));
-	if ((ret = kva__region_size(data_fd, &data_size)) < 0)
-		return kva__err(ret, "data fd: not a memory file (%s)", strerror(-ret));
-	if (kva__region_seals_ok(meta_fd) < 0)
-		return kva__err(-EBADMSG, "metadata fd is not sealed against shrink, grow and "
-				"further seals");
-	if (kva__region_seals_ok(data_fd) < 0)
-		return kva__err(-EBADMSG, "data fd is not sealed against shrink, grow and further "
-				"seals");
-
-	a = calloc(1, sizeof(*a));
-	if (!a)
-		return -ENOMEM;
-	a->meta_fd = a->data_fd = -1;
-	a->readonly = flags & KVA_OPEN_READONLY;
-	/* a private copy, read once: what is validated is what is used */
-	n = pread(meta_fd, &a->hdr, sizeof(a->hdr), 0);
-	if (n != (ssize_t)sizeof(a->hdr)) {
-		ret = kva__err(-EBADMSG, "metadata file is %llu bytes, shorter than a header",
-			       (unsigned long long)meta_size);
-		goto fail;
-	}
-	if ((ret = kva__header_validate(&a->hdr, meta_size, data_size)) < 0)
-		goto fail;
-
-	a->meta_fd = fcntl(meta_fd, F_DUPFD_CLOEXEC, 0);
-	a->data_fd = fcntl(data_fd, F_DUPFD_CLOEXEC, 0);
-	if (a->meta_fd < 0 || a->data_fd < 0) {
-		ret = kva__err(-errno, "duplicating the region fds: %s", strerror(errno));
-		goto fail;
-	}
-	if ((ret = kva__region_map(a->meta_fd, meta_size, a->readonly, &p)) < 0) {
-		kva__err(ret, "mapping the metadata region: %s", strerror(-ret));
-		goto fail;
-	}
-	a->meta = p;
-	if ((ret = kva__region_map(a->data_fd, data_size, a->readonly, &p)) < 0) {
-		kva__err(ret, "mapping the data region: %s", strerror(-ret));
-		goto fail;
-	}
-	a->data = p;
-	a->data_map_bytes = data_size;
-
 	a->blocks = a->hdr.blocks;
 	a->max_workers = a->hdr.max_workers;
 	a->l0_words = (uint32_t)a->hdr.l0_words;
@@ -298,11 +284,153 @@ int kva_arena_open_flags(int meta_fd, int data_fd, unsigned flags, struct kva_ar
 	a->info.index_entries = a->hdr.idx_entries;
 	a->info.tier_keys = a->hdr.tier_keys;
 	memcpy(a->info.name, a->hdr.name, sizeof(a->info.name));
+	a->info.backend = (enum kva_backend)a->hdr.backend;
+	if (a->hdr.backend == KVA_BACKEND_CUDA) {
+		a->info.ipc = (enum kva_cuda_ipc)a->hdr.ipc;
+		memcpy(a->info.device_name, a->hdr.device_name, sizeof(a->info.device_name));
+		kva__dev_uuid_str(a->hdr.device_uuid, a->info.device_uuid);
+		a->info.device_total_bytes = a->hdr.device_total;
+		a->info.granularity = a->hdr.granularity;
+		a->info.chunk_bytes = a->hdr.chunk_bytes;
+		a->info.chunks = a->hdr.chunks;
+		a->info.data_map_bytes = a->hdr.map_bytes;
+	} else {
+		a->info.data_map_bytes = a->hdr.data_bytes;
+	}
+}
+
+/*
+ * Open the arena of @meta_fd, and map the data of @data_fd (a host arena),
+ * or nothing of it (a GPU arena, whose device memory is imported by its
+ * worker, kva__arena_set_dev, or not at all by an observer; @data_fd -1).
+ * @device: the caller knows the data is on a GPU and will import it.
+ */
+static int open_arena(int meta_fd, int data_fd, unsigned flags, bool device,
+		      struct kva_arena **out)
+{
+	struct kva_arena *a;
+	uint64_t meta_size, data_size = 0;
+	bool sound;
+	void *p;
+	ssize_t n;
+	int ret;
+
+	if (!out || (flags & ~KVA_OPEN_READONLY))
+		return kva__err(-EINVAL, "kva_arena_open: bad argument");
+	kva__err_clear();
+	if (meta_fd < 0)
+		return kva__err(-EBADF, "kva_arena_open: negative fd");
+	if ((ret = kva__region_size(meta_fd, &meta_size)) < 0)
+		return kva__err(ret, "metadata fd: not a memory file (%s)", strerror(-ret));
+	if (kva__region_seals_ok(meta_fd) < 0)
+		return kva__err(-EBADMSG, "metadata fd is not sealed against shrink, grow and "
+				"further seals");
+
+	a = calloc(1, sizeof(*a));
+	if (!a)
+		return -ENOMEM;
+	a->meta_fd = a->data_fd = -1;
+	a->readonly = flags & KVA_OPEN_READONLY;
+	/* a private copy, read once: what is validated is what is used */
+	n = pread(meta_fd, &a->hdr, sizeof(a->hdr), 0);
+	if (n != (ssize_t)sizeof(a->hdr)) {
+		ret = kva__err(-EBADMSG, "metadata file is %llu bytes, shorter than a header",
+			       (unsigned long long)meta_size);
+		goto fail;
+	}
+	/* where the data is, from a header whose checksum holds; any other
+	 * goes on to the full validation below, which says what is wrong */
+	sound = a->hdr.magic == KVA__MAGIC && a->hdr.abi_version == KVA__ABI_VERSION &&
+		a->hdr.header_bytes == sizeof(a->hdr) &&
+		a->hdr.checksum == kva__header_checksum(&a->hdr);
+	if (sound && a->hdr.backend == KVA_BACKEND_CUDA) {
+		if (!device && !a->readonly) {
+			ret = kva__err(-EMEDIUMTYPE, "the arena's data is on a GPU (%.63s): its "
+				       "chunks come from the agent (kva_attach)",
+				       a->hdr.device_name);
+			goto fail;
+		}
+		if (data_fd >= 0) {
+			ret = kva__err(-EBADF, "a GPU arena has no data fd");
+			goto fail;
+		}
+	} else if (sound && device) {
+		ret = kva__err(-EPROTO, "protocol: told the arena's data is on a GPU, its "
+			       "header says not");
+		goto fail;
+	} else if (!device) {
+		if (data_fd < 0) {
+			ret = kva__err(-EBADF, "kva_arena_open: negative fd");
+			goto fail;
+		}
+		if ((ret = kva__region_size(data_fd, &data_size)) < 0) {
+			kva__err(ret, "data fd: not a memory file (%s)", strerror(-ret));
+			goto fail;
+		}
+		if (kva__region_seals_ok(data_fd) < 0) {
+			ret = kva__err(-EBADMSG, "data fd is not sealed against shrink, grow and "
+				       "further seals");
+			goto fail;
+		}
+	}
+	if ((ret = kva__header_validate(&a->hdr, meta_size, data_size)) < 0)
+		goto fail;
+
+	a->meta_fd = fcntl(meta_fd, F_DUPFD_CLOEXEC, 0);
+	if (a->meta_fd < 0 ||
+	    (data_fd >= 0 && (a->data_fd = fcntl(data_fd, F_DUPFD_CLOEXEC, 0)) < 0)) {
+		ret = kva__err(-errno, "duplicating the region fds: %s", strerror(errno));
+		goto fail;
+	}
+	if ((ret = kva__region_map(a->meta_fd, meta_size, a->readonly, &p)) < 0) {
+		kva__err(ret, "mapping the metadata region: %s", strerror(-ret));
+		goto fail;
+	}
+	a->meta = p;
+	if (a->data_fd >= 0) {
+		if ((ret = kva__region_map(a->data_fd, data_size, a->readonly, &p)) < 0) {
+			kva__err(ret, "mapping the data region: %s", strerror(-ret));
+			goto fail;
+		}
+		a->data = p;
+		a->data_map_bytes = data_size;
+	}
+	arena_fill(a);
 	*out = a;
 	return 0;
 fail:
 	kva_arena_close(a);
 	return ret;
+}
+
+int kva_arena_open_flags(int meta_fd, int data_fd, unsigned flags, struct kva_arena **out)
+{
+	return open_arena(meta_fd, data_fd, flags, false, out);
+}
+
+int kva__arena_open_meta(int meta_fd, unsigned flags, struct kva_arena **out)
+{
+	return open_arena(meta_fd, -1, flags, true, out);
+}
+
+void kva__arena_geom(const struct kva_arena *a, struct kva__dev_geom *g)
+{
+	memset(g, 0, sizeof(*g));
+	g->ipc = a->hdr.ipc;
+	g->granularity = a->hdr.granularity;
+	g->chunk_bytes = a->hdr.chunk_bytes;
+	g->chunks = a->hdr.chunks;
+	g->map_bytes = a->hdr.map_bytes;
+	g->total_bytes = a->hdr.device_total;
+	memcpy(g->uuid, a->hdr.device_uuid, sizeof(g->uuid));
+	memcpy(g->name, a->hdr.device_name, sizeof(g->name));
+}
+
+void kva__arena_set_dev(struct kva_arena *a, struct kva__dev *d)
+{
+	a->dev = d;
+	a->data = (uint8_t *)(uintptr_t)kva__dev_base(d);
+	a->data_map_bytes = a->hdr.map_bytes;
 }
 
 void kva_arena_close(struct kva_arena *a)
@@ -311,7 +439,9 @@ void kva_arena_close(struct kva_arena *a)
 		return;
 	if (a->meta)
 		munmap(a->meta, a->hdr.meta_bytes);
-	if (a->data)
+	if (a->dev)
+		kva__dev_close(a->dev);
+	else if (a->data)
 		munmap(a->data, a->data_map_bytes);
 	if (a->meta_fd >= 0)
 		close(a->meta_fd);
@@ -333,7 +463,8 @@ int kva__arena_prefault(struct kva_arena *a)
 
 	if (a->readonly)
 		return -EROFS;
-	for (int k = 0; k < 2; k++) {
+	/* device memory is there once made: only the metadata is the host's */
+	for (int k = 0; k < (a->dev ? 1 : 2); k++) {
 #ifdef MADV_POPULATE_WRITE
 		if (madvise(r[k].p, r[k].n, MADV_POPULATE_WRITE) == 0)
 			continue;
@@ -359,7 +490,9 @@ int kva_arena_meta_fd(const struct kva_arena *a)
 
 int kva_arena_data_fd(const struct kva_arena *a)
 {
-	return a ? a->data_fd : -EINVAL;
+	if (!a)
+		return -EINVAL;
+	return a->hdr.backend == KVA_BACKEND_CUDA ? -EMEDIUMTYPE : a->data_fd;
 }
 
 int kva_arena_set_agent(struct kva_arena *a, enum kva_agent_state state)

@@ -51,7 +51,7 @@
 #define unlikely(x) __builtin_expect(!!(x), 0)
 
 #define KVA__MAGIC 0x31414e455241564bull /* "KVARENA1" read as a little-endian word */
-#define KVA__ABI_VERSION 4u
+#define KVA__ABI_VERSION 5u
 #define KVA__HEADER_BYTES 4096u
 #define KVA__HDR_HUGETLB 0x1u
 #define KVA__CACHE_MAX 65536u
@@ -80,6 +80,16 @@ struct kva__header {
 	uint64_t idx_off, idx_entries, bmeta_off;
 	uint64_t dirty_off, dsum_off, fetch_off;
 	char name[32];
+	/* where the data is (enum kva_backend). For KVA_BACKEND_CUDA, the
+	 * region as devmem_pvt.h's struct kva__dev_geom says it: the device
+	 * (importers find it by UUID: ordinals depend on CUDA_VISIBLE_DEVICES),
+	 * how it is shared (enum kva_cuda_ipc), its chunks. All zero for host
+	 * memory. */
+	uint32_t backend, ipc;
+	uint64_t granularity, chunk_bytes, map_bytes, device_total;
+	uint32_t chunks, reserved1;
+	uint8_t device_uuid[16];
+	char device_name[64];
 	uint64_t checksum;      /* XXH64 of every byte above, seed KVA__HDR_SEED */
 };
 
@@ -181,6 +191,7 @@ struct kva__pool {
 		_Atomic uint64_t last_repair[16];       /* 127 bytes and a NUL */
 		_Atomic uint64_t pending;               /* reclaims waiting to be retried */
 		_Atomic uint64_t slot[KVA_MAX_WORKERS][2]; /* kva__view_slot_word() */
+		_Atomic uint64_t dev_free, dev_total;   /* a GPU arena: cuMemGetInfo */
 	} view;
 	/*
 	 * The tiers below the arena (tiers/). tiers: KVA__TIERS_* bits, written
@@ -626,9 +637,11 @@ struct kva__fetch_area {
 struct kva_arena {
 	struct kva__header hdr;      /* validated private copy */
 	struct kva_arena_info info;
-	int meta_fd, data_fd;
+	int meta_fd, data_fd;        /* data_fd: -1 for a GPU arena */
 	uint8_t *meta;
-	uint8_t *data;
+	uint8_t *data;               /* a GPU arena: a device address (NULL for an
+				      * observer, which maps no device memory) */
+	struct kva__dev *dev;        /* a GPU arena's mapping (devmem.c); else NULL */
 	size_t data_map_bytes;
 	bool readonly;               /* an observer's mapping: PROT_READ only */
 	struct kva__pool *pool;
@@ -825,9 +838,29 @@ void kva__view_set_slot(struct kva_arena *a, uint32_t slot, uint32_t state, uint
 			int32_t pid, uint32_t uid, uint32_t pending_ms);
 void kva__view_set(struct kva_arena *a, uint64_t repairs, const char *last_repair,
 		   uint32_t pending);
+void kva__view_set_device(struct kva_arena *a, uint64_t free_bytes, uint64_t total_bytes);
+
+/* blockio.c: a block's contents. Its pieces are its K, V (and scale) spans
+ * in the data region, in canonical order (kva_block_read); one for
+ * block-major, 2 x layers (x 2 with scales) for layer-major. */
+struct kva__piece {
+	uint64_t off, len;      /* in the data region */
+};
+/* piece @i of block @block; false past the last */
+bool kva__block_piece_at(const struct kva_arena_info *info, uint32_t block, uint32_t i,
+			 struct kva__piece *p);
+/* block @from's contents into block @to, wherever the arena lives; -EIO */
+int kva__block_copy(struct kva_arena *a, uint32_t to, uint32_t from);
 
 /* arena.c */
 int kva__arena_prefault(struct kva_arena *a);
+/* a GPU arena's metadata alone (its worker imports the data next, and
+ * gives it with kva__arena_set_dev); -EPROTO if the arena is not a GPU's */
+struct kva__dev;
+struct kva__dev_geom;
+int kva__arena_open_meta(int meta_fd, unsigned flags, struct kva_arena **out);
+void kva__arena_geom(const struct kva_arena *a, struct kva__dev_geom *g);
+void kva__arena_set_dev(struct kva_arena *a, struct kva__dev *d);
 
 /* recover.c */
 int kva__reclaim_as(struct kva_arena *a, uint32_t slot, uint32_t gen, bool vouched,

@@ -64,9 +64,12 @@ uint64_t kva__header_checksum(const struct kva__header *h)
 
 #define BAD(...) kva__err(-EBADMSG, "arena header: " __VA_ARGS__)
 
+static int device_validate(const struct kva__header *h);
+
 /*
  * kva__header_validate - check a private copy of a header against itself and
- * the sizes of the two files. Each failure names the field.
+ * the sizes of the two files (a GPU arena's data has no file: @data_size is
+ * not looked at). Each failure names the field.
  */
 int kva__header_validate(const struct kva__header *h, uint64_t meta_size, uint64_t data_size)
 {
@@ -139,8 +142,61 @@ int kva__header_validate(const struct kva__header *h, uint64_t meta_size, uint64
 	if (meta_size != h->meta_bytes)
 		return BAD("metadata file is %llu bytes, the header says %llu",
 			   (unsigned long long)meta_size, (unsigned long long)h->meta_bytes);
+	if (h->reserved1)
+		return BAD("reserved1 %u is not zero", h->reserved1);
+	if (h->backend == KVA_BACKEND_CUDA)
+		return device_validate(h);
+	if (h->backend != KVA_BACKEND_HOST)
+		return BAD("backend %u", h->backend);
+	if (h->ipc || h->granularity || h->chunk_bytes || h->map_bytes || h->device_total ||
+	    h->chunks || h->device_name[0] || memcmp(h->device_uuid, (uint8_t[16]){ 0 }, 16))
+		return BAD("a host-memory arena with a GPU region's fields set");
 	if (data_size < h->data_bytes)
 		return BAD("data file is %llu bytes, the arena needs %llu",
 			   (unsigned long long)data_size, (unsigned long long)h->data_bytes);
+	return 0;
+}
+
+static bool pow2(uint64_t v)
+{
+	return v && !(v & (v - 1));
+}
+
+/*
+ * A GPU region: the chunks cover the data and no more than the last
+ * granule past it, every size a multiple of the granularity (what
+ * cuMemMap will be asked for); legacy IPC is one allocation of the data.
+ */
+static int device_validate(const struct kva__header *h)
+{
+	if (h->flags & KVA__HDR_HUGETLB || h->numa_node != -1)
+		return BAD("a GPU arena with host memory's huge pages or NUMA node");
+	if (memchr(h->device_name, '\0', sizeof(h->device_name)) == NULL)
+		return BAD("device name is not terminated");
+	if (h->granularity && (!pow2(h->granularity) || h->granularity < 4096))
+		return BAD("granularity %llu is not a power of two of 4096 or more",
+			   (unsigned long long)h->granularity);
+	if (h->ipc == KVA_IPC_LEGACY) {
+		if (h->chunks != 1 || h->chunk_bytes != h->data_bytes || h->map_bytes != h->data_bytes)
+			return BAD("legacy IPC with %u chunks of %llu bytes mapping %llu, for %llu "
+				   "bytes of data", h->chunks, (unsigned long long)h->chunk_bytes,
+				   (unsigned long long)h->map_bytes,
+				   (unsigned long long)h->data_bytes);
+		return 0;
+	}
+	if (h->ipc != KVA_IPC_FD)
+		return BAD("ipc %u", h->ipc);
+	if (!h->granularity || h->chunk_bytes % h->granularity || h->map_bytes % h->granularity ||
+	    !h->chunk_bytes)
+		return BAD("chunks of %llu bytes mapping %llu, not multiples of the granularity "
+			   "%llu", (unsigned long long)h->chunk_bytes,
+			   (unsigned long long)h->map_bytes, (unsigned long long)h->granularity);
+	if (h->map_bytes < h->data_bytes || h->map_bytes - h->data_bytes >= h->granularity)
+		return BAD("a range of %llu bytes for %llu bytes of data",
+			   (unsigned long long)h->map_bytes, (unsigned long long)h->data_bytes);
+	if (h->chunks < 1 || h->chunks > KVA_MAX_CHUNKS ||
+	    h->chunks != (h->map_bytes + h->chunk_bytes - 1) / h->chunk_bytes)
+		return BAD("%u chunks of %llu bytes for a range of %llu", h->chunks,
+			   (unsigned long long)h->chunk_bytes, (unsigned long long)h->map_bytes);
 	return 0;
 }

@@ -124,6 +124,63 @@ struct kva_worker;
 
 #define KVA_ARENA_HUGETLB 0x1u /* back data with 2 MiB huge pages when the system has them */
 
+/* Where the data region lives: host memory (a memfd), or a GPU's memory. */
+enum kva_backend { KVA_BACKEND_HOST = 0, KVA_BACKEND_CUDA = 1 };
+
+/* How a GPU data region is shared with workers (kva_cuda_opts.ipc). */
+enum kva_cuda_ipc {
+	KVA_IPC_AUTO = 0,   /* FD where the device can export POSIX fds, else LEGACY */
+	KVA_IPC_FD = 1,     /* chunks of cuMemCreate, exported as POSIX fds (the VMM API) */
+	/* one cuMemAlloc of the whole region, shared with cuIpcGetMemHandle:
+	 * one allocation, because the kernels address the arena as one tensor
+	 * and cuIpcOpenMemHandle puts each allocation where it likes */
+	KVA_IPC_LEGACY = 2,
+};
+
+/* Chunks of one GPU data region, at most (each is passed as a file descriptor). */
+#define KVA_MAX_CHUNKS 4096u
+
+/*
+ * The data region on a GPU (kva_arena_opts.cuda); the metadata stays in
+ * host shared memory. The region is one range of device virtual addresses
+ * mapping chunks of cuMemCreate, each a multiple of the device's
+ * recommended granularity; every worker maps the same chunks, in the same
+ * order, over a range of its own (kva_attach). The creator keeps its own
+ * mapping, and the physical memory lives until the last process unmaps it.
+ */
+struct kva_cuda_opts {
+	const char *device;    /* an ordinal ("0") or a UUID ("GPU-8f6d...", or an
+				* unambiguous prefix of one); NULL = "0" */
+	uint64_t chunk_bytes;  /* rounded up to the granularity; 0 = 512 MiB. Raised
+				* when the region would need more than KVA_MAX_CHUNKS */
+	enum kva_cuda_ipc ipc;
+};
+
+/*
+ * What one CUDA device is (kva_cuda_device_query). uuid in nvidia-smi's
+ * form, "GPU-xxxxxxxx-xxxx-xxxx-xxxx-xxxxxxxxxxxx": workers find the
+ * arena's device by it, since ordinals change with CUDA_VISIBLE_DEVICES.
+ */
+struct kva_cuda_device {
+	int ordinal;                      /* as this process sees it */
+	char name[64];
+	char uuid[48];
+	uint64_t total_bytes, free_bytes; /* cuMemGetInfo, in its primary context */
+	uint64_t granularity;             /* recommended for cuMemCreate; 0 without VMM */
+	int vmm;                          /* cuMemCreate and friends supported */
+	int posix_fd;                     /* VMM memory exportable as POSIX fds */
+	int rdma;                         /* GPUDirect RDMA with VMM memory */
+};
+
+/*
+ * kva_cuda_device_query - the device @device names (an ordinal or a UUID, as
+ * kva_cuda_opts.device; NULL = "0"). It retains the device's primary context
+ * for the query (creating it if no one has: some hundred MiB of device
+ * memory, for the moment of the call). Return: 0, -ENODEV (no driver, or no
+ * such device; kva_errmsg() says which), -EIO (a driver failure).
+ */
+int kva_cuda_device_query(const char *device, struct kva_cuda_device *out);
+
 struct kva_arena_opts {
 	uint32_t blocks;       /* number of blocks, required */
 	uint32_t max_workers;  /* worker slots, 1..KVA_MAX_WORKERS; 0 = KVA_MAX_WORKERS */
@@ -136,6 +193,9 @@ struct kva_arena_opts {
 	uint64_t tier_keys;    /* keys of blocks in the tiers below the arena the
 				* prefix index must hold besides its own blocks
 				* (the agent: its tiers' record count); 0 = none */
+	const struct kva_cuda_opts *cuda; /* the data region on a GPU; NULL = host
+					   * memory. numa_node and HUGETLB are for
+					   * host memory only */
 };
 
 #define KVA_CACHE_NONE 0xffffffffu
@@ -155,6 +215,21 @@ struct kva_arena_info {
 	uint64_t index_entries;  /* prefix index capacity (kvarena_seq.h) */
 	uint64_t tier_keys;      /* of them, room kept for the tiers' keys (kvarena_tiers.h) */
 	char name[32];
+	/* the data region's home. On KVA_BACKEND_CUDA, block pointers
+	 * (kva_block_data, kva_block_kv, kva_kv_desc_for_arena) are device
+	 * pointers, which the CPU must not touch (kva_block_read and
+	 * kva_block_write copy), and the rest says where they are */
+	enum kva_backend backend;
+	enum kva_cuda_ipc ipc;       /* KVA_IPC_FD or KVA_IPC_LEGACY */
+	char device_name[64];
+	char device_uuid[48];        /* "GPU-..." */
+	uint64_t device_total_bytes;
+	uint64_t granularity;        /* the device's recommended granularity (0: legacy
+				      * on a device without VMM) */
+	uint64_t chunk_bytes;        /* bytes of each chunk; the last may be shorter */
+	uint32_t chunks;
+	uint64_t data_map_bytes;     /* the range mapped: data_bytes rounded up to the
+				      * granularity */
 };
 
 /*
@@ -162,18 +237,25 @@ struct kva_arena_info {
  * Return: 0, -EINVAL (bad geometry or options; kva_errmsg() says which),
  * -ENOMEM, or the errno of a failed memfd_create/ftruncate/mmap/mbind.
  * Huge pages are used when asked and available, else ordinary pages
- * (kva_arena_info() tells which).
+ * (kva_arena_info() tells which). With @o->cuda the data region is device
+ * memory instead (kva_arena_data_fd() is then -EMEDIUMTYPE), and the errors
+ * add -ENODEV (no driver, no such device), -ENOTSUP (the device cannot share
+ * memory the way @o->cuda->ipc says), -ENOMEM (device memory) and -EIO
+ * (another driver failure); kva_errmsg() names the driver call and its
+ * CUresult. Nothing is left reserved, mapped or allocated after a failure.
  */
 int kva_arena_create(const struct kva_geometry *g, const struct kva_arena_opts *o,
 		     struct kva_arena **out);
 
 /*
- * kva_arena_open - map an existing arena from its two region fds, in any
+ * kva_arena_open - map an existing host-memory arena from its two region fds, in any
  * process, at any address. The fds are duplicated; the caller keeps its own.
  * Every header field is validated; nothing in the region is trusted.
  * Return: 0, -EBADF (fds not usable), -EBADMSG (not a kvarena region, corrupt
  * header, sizes or seals wrong; kva_errmsg() names the field),
- * -EPROTONOSUPPORT (another ABI version), or a failed mmap's errno.
+ * -EPROTONOSUPPORT (another ABI version), -EMEDIUMTYPE (the arena's data is
+ * on a GPU: its chunks come from the agent, kva_attach), or a failed mmap's
+ * errno.
  */
 int kva_arena_open(int meta_fd, int data_fd, struct kva_arena **out);
 
@@ -182,7 +264,8 @@ int kva_arena_open(int meta_fd, int data_fd, struct kva_arena **out);
 /*
  * kva_arena_open_flags - kva_arena_open() with KVA_OPEN_* flags. A read-only
  * mapping (what the agent gives ops tools) refuses join, adopt and reclaim
- * with -EROFS; a read-only fd needs KVA_OPEN_READONLY.
+ * with -EROFS; a read-only fd needs KVA_OPEN_READONLY. A read-only opener
+ * of a GPU arena passes -1 for @data_fd and maps the metadata alone.
  */
 int kva_arena_open_flags(int meta_fd, int data_fd, unsigned flags, struct kva_arena **out);
 
@@ -250,6 +333,9 @@ struct kva_agent_report {
 	char last_repair[128];     /* the last one, in a line ("" if none) */
 	uint32_t reclaims_pending; /* dead workers whose reclaim is being retried */
 	uint32_t max_workers;
+	/* a GPU arena: the device's memory as the agent last read it
+	 * (cuMemGetInfo, once a second); 0 for host memory */
+	uint64_t device_free_bytes, device_total_bytes;
 	struct kva_agent_slot {
 		uint32_t state;        /* enum kva_agent_slot_state */
 		uint32_t generation;
@@ -325,12 +411,29 @@ int kva_share(struct kva_worker *w, const uint32_t *ids, uint32_t n);
 /*
  * kva_block_data - address of block @id in this process: for block-major, the
  * whole block_bytes span; for layer-major, its layer-0 K page (use kva_block_kv).
- * NULL if @id is out of range or the data is not host-visible.
+ * On a GPU arena a device pointer. NULL if @id is out of range.
  */
 void *kva_block_data(struct kva_worker *w, uint32_t id);
 
-/* kva_block_kv - layer @layer's K and V pages of block @id. -EINVAL on bad ids. */
+/* kva_block_kv - layer @layer's K and V pages of block @id (device pointers on
+ * a GPU arena). -EINVAL on bad ids. */
 int kva_block_kv(struct kva_worker *w, uint32_t id, uint32_t layer, void **k, void **v);
+
+/*
+ * kva_block_read, kva_block_write - copy @len bytes out of, or into, block @id
+ * from byte @offset of its contents, wherever the arena lives: memcpy on host
+ * memory, a synchronous cuMemcpy on a GPU arena (the calling thread's work
+ * on the device is not waited for: synchronize the streams that write the
+ * block first). A block's contents are its bytes in canonical order: every
+ * layer's K page then V page, layer by layer, then (int8) every layer's K
+ * scales then V scales; for block-major that is the block's span as it lies.
+ * They neither check nor take ownership. Return: 0, -EINVAL (a bad id, or
+ * the range passes block_bytes), -EIO (the copy failed; kva_errmsg() says
+ * why).
+ */
+int kva_block_read(struct kva_worker *w, uint32_t id, uint64_t offset, void *dst, size_t len);
+int kva_block_write(struct kva_worker *w, uint32_t id, uint64_t offset, const void *src,
+		    size_t len);
 
 /* ------------------------------------------------------------------ stats */
 
@@ -503,6 +606,32 @@ void kva_detach(struct kva_worker *w);
  */
 int kva_worker_fd(const struct kva_worker *w);
 int kva_worker_poll(struct kva_worker *w);
+
+/*
+ * Where kva_attach spent its time, in ns, part by part: what
+ * `kvarena-bench attach` reports. The GPU parts are 0 for a host arena.
+ */
+struct kva_attach_times {
+	uint64_t connect_ns;  /* socket and connect */
+	uint64_t welcome_ns;  /* HELLO sent, WELCOME read */
+	uint64_t meta_ns;     /* the regions opened and the header checked (a GPU
+			       * arena: the metadata alone) */
+	uint64_t driver_ns;   /* libcuda loaded (once a process), the device found by
+			       * UUID, its primary context retained */
+	uint64_t reserve_ns;  /* cuMemAddressReserve of the whole range */
+	uint64_t recv_ns;     /* the chunk messages read */
+	uint64_t import_ns;   /* cuMemImportFromShareableHandle of each chunk (legacy:
+			       * cuIpcOpenMemHandle) */
+	uint64_t map_ns;      /* cuMemMap and cuMemRelease of each chunk */
+	uint64_t access_ns;   /* cuMemSetAccess over the range */
+	uint64_t adopt_ns;    /* the slot adopted, ADOPTED sent */
+	uint64_t total_ns;    /* the whole kva_attach */
+	uint32_t chunks;      /* GPU chunks mapped */
+	uint32_t messages;    /* chunk messages read */
+};
+
+/* kva_worker_attach_times - the parts of @w's kva_attach. -EINVAL if @w did not attach. */
+int kva_worker_attach_times(const struct kva_worker *w, struct kva_attach_times *t);
 
 struct kva_agent_info {
 	int32_t pid;

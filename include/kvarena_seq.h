@@ -88,8 +88,10 @@ int kva_seq_append(struct kva_seq *s, const int32_t *tokens, size_t n);
 
 /*
  * kva_seq_fork - a child sharing every block of @s by reference. A partial
- * last block is shared until either side appends: that side copies it first
- * (host-visible arenas; -ENOTSUP otherwise).
+ * last block is shared until either side appends: that side copies it
+ * first. On a GPU arena the copy is a device-to-device cuMemcpy on the
+ * legacy default stream, waited for: the caller's writes to that block
+ * must be done (their stream synchronized) before that append.
  */
 int kva_seq_fork(struct kva_seq *s, struct kva_seq **child);
 

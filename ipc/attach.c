@@ -7,14 +7,21 @@
  * regions and adopts the slot. From then on every arena call is shared
  * memory only. The connection stays open so that the agent sees the worker
  * go (EOF, besides its pidfd) and can tell it that it is stopping.
+ *
+ * A GPU arena's WELCOME has the metadata's fd alone; DEVMEM messages follow
+ * with the chunks' fds, in order, which are imported and mapped as they
+ * come (devmem.c), each message's fds closed before the next is read, so a
+ * worker holds one message's worth at most whatever the chunk count.
  */
 #include <errno.h>
 #include <stdlib.h>
 #include <string.h>
 #include <sys/mman.h>
 #include <sys/stat.h>
+#include <time.h>
 #include <unistd.h>
 
+#include "devmem_pvt.h"
 #include "prefix_pvt.h"
 #include "proto_pvt.h"
 
@@ -28,7 +35,16 @@ struct attach {
 	size_t host_bytes;
 	struct kva_arena *arena;  /* our mapping of its arena */
 	bool stopping;            /* the agent said SHUTDOWN */
+	struct kva_attach_times times;
 };
+
+static uint64_t now_ns(void)
+{
+	struct timespec ts;
+
+	clock_gettime(CLOCK_MONOTONIC, &ts);
+	return (uint64_t)ts.tv_sec * 1000000000ull + (uint64_t)ts.tv_nsec;
+}
 
 const char *kva_default_socket(void)
 {
@@ -42,16 +58,19 @@ const char *kva_default_socket(void)
  * agent's refusal turned into an errno and a sentence.
  */
 static int hello(const char *path, const char *name, uint32_t flags, int *fd_out,
-		 struct kva__welcome *wel, int fds[KVA__MAX_FDS])
+		 struct kva__welcome *wel, int fds[KVA__MAX_FDS], struct kva_attach_times *t)
 {
 	union kva__msg m, in;
 	char buf[sizeof(union kva__msg)];
 	int fd, nfds = 0, n, ret;
+	uint64_t t0 = now_ns(), t1;
 
 	if (!path)
 		path = kva_default_socket();
 	if ((ret = kva__sock_connect(path, &fd)) < 0)
 		return ret;
+	t1 = now_ns();
+	t->connect_ns = t1 - t0;
 	kva__msg_init(&m, KVA__MSG_HELLO);
 	m.hello.pid = getpid();
 	m.hello.flags = flags;
@@ -86,6 +105,7 @@ static int hello(const char *path, const char *name, uint32_t flags, int *fd_out
 	}
 	*wel = in.welcome;
 	*fd_out = fd;
+	t->welcome_ns = now_ns() - t1;
 	return 0;
 fail_fds:
 	while (nfds)
@@ -134,12 +154,98 @@ static void attach_leave(struct kva_worker *w, void *ctx)
 	free(at);
 }
 
+/*
+ * A GPU arena's data: its chunks' fds (or the legacy IPC handle) read from
+ * the DEVMEM messages that follow the WELCOME, each imported and mapped at
+ * once (devmem.c), and the mapping given to the arena.
+ */
+static int import_device(struct attach *at, int fd, struct kva_arena *a)
+{
+	struct kva__dev_geom g;
+	struct kva__dev_times dt;
+	struct kva__dev *d = NULL;
+	int ret;
+
+	kva__arena_geom(a, &g);
+	if ((ret = kva__dev_import_begin(&g, &d)) < 0)
+		return ret;
+	while (at->times.chunks < g.chunks && ret == 0) {
+		char buf[sizeof(union kva__msg)];
+		int fds[KVA__SCM_MAX_FD], nfds = 0, n;
+		uint64_t t0 = now_ns();
+		union kva__msg m;
+
+		n = kva__sock_recv_fds(fd, buf, sizeof(buf), fds, KVA__SCM_MAX_FD, &nfds,
+				       ATTACH_TIMEOUT_MS);
+		at->times.recv_ns += now_ns() - t0;
+		if (n < 0) {
+			char why[160];
+
+			/* copied first: kva__err writes where kva_errmsg() reads */
+			snprintf(why, sizeof(why), "%s", n == -ETIMEDOUT ? "nothing for 5 s"
+				 : n == -ECONNRESET ? "closed the connection" : kva_errmsg());
+			ret = kva__err(n == -ETIMEDOUT ? -ETIMEDOUT : -EPROTO, "the agent sent %u of "
+				       "the arena's %u GPU chunks, then %s", at->times.chunks,
+				       g.chunks, why);
+			break;
+		}
+		if ((ret = kva__msg_decode(buf, (size_t)n, nfds, &m)) == 0 &&
+		    m.h.type != KVA__MSG_DEVMEM)
+			ret = kva__err(-EPROTO, "protocol: %s where the GPU chunks were due",
+				       kva__msg_type_name(m.h.type));
+		if (ret == 0 && m.devmem.first != at->times.chunks)
+			ret = kva__err(-EPROTO, "protocol: chunks from %u where chunk %u was due",
+				       m.devmem.first, at->times.chunks);
+		if (ret == 0 && (m.devmem.flags & KVA__DEVMEM_LEGACY)) {
+			ret = kva__dev_import_ipc(d, m.devmem.ipc_handle);
+			at->times.chunks = 1;
+		}
+		for (int k = 0; k < nfds; k++) {
+			if (ret == 0 && (ret = kva__dev_import_fd(d, m.devmem.first + (uint32_t)k,
+								  fds[k])) == 0)
+				at->times.chunks++;
+			close(fds[k]); /* imported: the mapping holds the memory */
+		}
+		at->times.messages++;
+	}
+	if (ret == 0)
+		ret = kva__dev_import_end(d);
+	kva__dev_times(d, &dt);
+	at->times.driver_ns = dt.driver_ns;
+	at->times.reserve_ns = dt.reserve_ns;
+	at->times.import_ns = dt.import_ns;
+	at->times.map_ns = dt.map_ns;
+	at->times.access_ns = dt.access_ns;
+	if (ret < 0) {
+		kva__err_hold(true);
+		kva__dev_close(d);
+		kva__err_hold(false);
+		return ret;
+	}
+	kva__arena_set_dev(a, d);
+	return 0;
+}
+
+/* the fds of a WELCOME in order: metadata, data (not for a GPU arena),
+ * doorbell, host tier; -1 for those it has not */
+static void welcome_fds(const struct kva__welcome *wel, const int *fds, int *meta, int *data,
+			int *doorbell, int *host)
+{
+	int k = 0;
+
+	*meta = fds[k++];
+	*data = wel->flags & KVA__WELCOME_DEVICE ? -1 : fds[k++];
+	*doorbell = wel->flags & KVA__WELCOME_DOORBELL ? fds[k++] : -1;
+	*host = wel->flags & KVA__WELCOME_HOSTTIER ? fds[k++] : -1;
+}
+
 int kva_attach(const char *socket_path, const char *name, struct kva_worker **out)
 {
 	struct kva__welcome wel;
 	struct kva_arena *a = NULL;
 	struct attach *at;
-	int fds[KVA__MAX_FDS], fd, ret;
+	int fds[KVA__MAX_FDS], fd, ret, meta_fd, data_fd, host_fd;
+	uint64_t t0 = now_ns(), t1;
 
 	if (!out)
 		return kva__err(-EINVAL, "kva_attach: NULL argument");
@@ -147,18 +253,24 @@ int kva_attach(const char *socket_path, const char *name, struct kva_worker **ou
 	at = calloc(1, sizeof(*at));
 	if (!at)
 		return -ENOMEM;
-	if ((ret = hello(socket_path, name, 0, &fd, &wel, fds)) < 0) {
+	if ((ret = hello(socket_path, name, 0, &fd, &wel, fds, &at->times)) < 0) {
 		free(at);
 		return ret;
 	}
-	at->doorbell = wel.flags & KVA__WELCOME_DOORBELL ? fds[2] : -1;
-	ret = kva_arena_open(fds[0], fds[1], &a);
-	close(fds[0]);
-	close(fds[1]);
-	if (ret == 0 && (wel.flags & KVA__WELCOME_HOSTTIER))
-		ret = map_host_tier(at, fds[3]);
-	if (wel.flags & KVA__WELCOME_HOSTTIER)
-		close(fds[3]);
+	t1 = now_ns();
+	welcome_fds(&wel, fds, &meta_fd, &data_fd, &at->doorbell, &host_fd);
+	if (wel.flags & KVA__WELCOME_DEVICE)
+		ret = kva__arena_open_meta(meta_fd, 0, &a);
+	else
+		ret = kva_arena_open(meta_fd, data_fd, &a);
+	close(meta_fd);
+	if (data_fd >= 0)
+		close(data_fd);
+	at->times.meta_ns = now_ns() - t1;
+	if (ret == 0 && host_fd >= 0)
+		ret = map_host_tier(at, host_fd);
+	if (host_fd >= 0)
+		close(host_fd);
 	if (ret < 0)
 		goto fail;
 	if (kva_arena_info(a)->meta_bytes != wel.meta_bytes) {
@@ -171,6 +283,9 @@ int kva_attach(const char *socket_path, const char *name, struct kva_worker **ou
 		ret = kva__err(-EPROTO, "protocol: WELCOME without a slot for a worker");
 		goto fail;
 	}
+	if ((wel.flags & KVA__WELCOME_DEVICE) && (ret = import_device(at, fd, a)) < 0)
+		goto fail;
+	t1 = now_ns();
 	if ((ret = kva_worker_adopt(a, wel.slot, wel.generation, name, out)) < 0)
 		goto fail;
 	/* one way: the agent learns the slot is LIVE (it restores that word if
@@ -189,6 +304,8 @@ int kva_attach(const char *socket_path, const char *name, struct kva_worker **ou
 	(*out)->rec_fp = kva__rec_fingerprint(kva_arena_info(a));
 	(*out)->on_leave = attach_leave;
 	(*out)->on_leave_ctx = at;
+	at->times.adopt_ns = now_ns() - t1;
+	at->times.total_ns = now_ns() - t0;
 	return 0;
 fail:
 	kva__err_hold(true); /* the message is the cause, not the cleanup's */
@@ -212,6 +329,16 @@ void kva_detach(struct kva_worker *w)
 static struct attach *attached(const struct kva_worker *w)
 {
 	return w && w->on_leave == attach_leave ? w->on_leave_ctx : NULL;
+}
+
+int kva_worker_attach_times(const struct kva_worker *w, struct kva_attach_times *t)
+{
+	struct attach *at = attached(w);
+
+	if (!at || !t)
+		return -EINVAL;
+	*t = at->times;
+	return 0;
 }
 
 int kva_worker_fd(const struct kva_worker *w)
@@ -254,21 +381,28 @@ int kva_worker_poll(struct kva_worker *w)
 int kva_observe(const char *socket_path, struct kva_arena **out, struct kva_agent_info *info)
 {
 	struct kva__welcome wel;
-	int fds[KVA__MAX_FDS], fd, ret;
+	struct kva_attach_times t;
+	int fds[KVA__MAX_FDS], fd, ret, meta_fd, data_fd, doorbell, host_fd;
 
 	if (!out)
 		return kva__err(-EINVAL, "kva_observe: NULL argument");
 	kva__err_clear();
-	if ((ret = hello(socket_path, "observer", KVA__HELLO_OBSERVER, &fd, &wel, fds)) < 0)
+	if ((ret = hello(socket_path, "observer", KVA__HELLO_OBSERVER, &fd, &wel, fds, &t)) < 0)
 		return ret;
 	send_bye(fd);
 	close(fd); /* an observer keeps no connection: the mapping is all it needs */
-	if (wel.slot != KVA__NO_SLOT || !(wel.flags & KVA__WELCOME_READONLY))
-		ret = kva__err(-EPROTO, "protocol: an observer was given a worker slot");
-	else
-		ret = kva_arena_open_flags(fds[0], fds[1], KVA_OPEN_READONLY, out);
-	close(fds[0]);
-	close(fds[1]);
+	welcome_fds(&wel, fds, &meta_fd, &data_fd, &doorbell, &host_fd);
+	if (wel.slot != KVA__NO_SLOT || !(wel.flags & KVA__WELCOME_READONLY) || doorbell >= 0 ||
+	    host_fd >= 0)
+		ret = kva__err(-EPROTO, "protocol: an observer was given a worker's welcome");
+	else /* a GPU arena's observer maps the metadata alone */
+		ret = kva_arena_open_flags(meta_fd, data_fd, KVA_OPEN_READONLY, out);
+	for (int k = 0; k < 4; k++) {
+		int f = k == 0 ? meta_fd : k == 1 ? data_fd : k == 2 ? doorbell : host_fd;
+
+		if (f >= 0)
+			close(f);
+	}
 	if (ret == 0 && info) {
 		memset(info, 0, sizeof(*info));
 		info->pid = wel.agent_pid;

@@ -16,17 +16,19 @@ static const size_t msg_size[] = {
 	[KVA__MSG_SHUTDOWN] = sizeof(struct kva__shutdown),
 	[KVA__MSG_BYE] = sizeof(struct kva__bye),
 	[KVA__MSG_ADOPTED] = sizeof(struct kva__adopted),
+	[KVA__MSG_DEVMEM] = sizeof(struct kva__devmem),
 };
 
 static const char *const type_name[] = {
 	[KVA__MSG_HELLO] = "HELLO",       [KVA__MSG_WELCOME] = "WELCOME",
 	[KVA__MSG_REFUSE] = "REFUSE",     [KVA__MSG_SHUTDOWN] = "SHUTDOWN",
 	[KVA__MSG_BYE] = "BYE",             [KVA__MSG_ADOPTED] = "ADOPTED",
+	[KVA__MSG_DEVMEM] = "DEVMEM",
 };
 
 const char *kva__msg_type_name(uint32_t type)
 {
-	return type && type <= KVA__MSG_ADOPTED ? type_name[type] : "unknown";
+	return type && type <= KVA__MSG_DEVMEM ? type_name[type] : "unknown";
 }
 
 size_t kva__msg_init(union kva__msg *m, enum kva__msg_type type)
@@ -85,19 +87,26 @@ int kva__msg_decode(const void *buf, size_t len, int nfds, union kva__msg *out)
 		return BAD("length field says %u bytes, the message has %zu", h.length, len);
 	if (h.version != KVA__PROTO_VERSION)
 		return BAD("version %u, this side speaks %u", h.version, KVA__PROTO_VERSION);
-	if (h.type < KVA__MSG_HELLO || h.type > KVA__MSG_ADOPTED)
+	if (h.type < KVA__MSG_HELLO || h.type > KVA__MSG_DEVMEM)
 		return BAD("unknown message type %u", h.type);
 	what = type_name[h.type];
 	if (len != msg_size[h.type])
 		return BAD("%s of %zu bytes, it has %zu%s", what, len, msg_size[h.type],
 			   len > msg_size[h.type] ? " (trailing bytes)" : "");
 	memcpy(&m, buf, len);
-	/* a WELCOME brings the two regions, then the tiers' doorbell and host
-	 * tier if it says so */
-	if (nfds != (h.type != KVA__MSG_WELCOME ? 0
-		     : 2 + !!(m.welcome.flags & KVA__WELCOME_DOORBELL) +
-			       !!(m.welcome.flags & KVA__WELCOME_HOSTTIER)))
+	/* a WELCOME brings the two regions (a GPU arena: the metadata alone),
+	 * then the tiers' doorbell and host tier if it says so; a DEVMEM its
+	 * chunks' fds */
+	if (h.type == KVA__MSG_DEVMEM) {
+		if (m.devmem.flags & KVA__DEVMEM_LEGACY ? nfds != 0 : (uint32_t)nfds != m.devmem.count)
+			return BAD("DEVMEM of %u chunks with %d file descriptors", m.devmem.count,
+				   nfds);
+	} else if (nfds != (h.type != KVA__MSG_WELCOME ? 0
+			    : 2 - !!(m.welcome.flags & KVA__WELCOME_DEVICE) +
+				      !!(m.welcome.flags & KVA__WELCOME_DOORBELL) +
+				      !!(m.welcome.flags & KVA__WELCOME_HOSTTIER))) {
 		return BAD("%s with %d file descriptors", what, nfds);
+	}
 
 	switch (h.type) {
 	case KVA__MSG_HELLO:
@@ -110,7 +119,7 @@ int kva__msg_decode(const void *buf, size_t len, int nfds, union kva__msg *out)
 		break;
 	case KVA__MSG_WELCOME:
 		if (m.welcome.flags & ~(KVA__WELCOME_READONLY | KVA__WELCOME_DOORBELL |
-					KVA__WELCOME_HOSTTIER))
+					KVA__WELCOME_HOSTTIER | KVA__WELCOME_DEVICE))
 			return BAD("WELCOME with unknown flags %#x", m.welcome.flags);
 		if ((m.welcome.flags & KVA__WELCOME_HOSTTIER) &&
 		    !(m.welcome.flags & KVA__WELCOME_DOORBELL))
@@ -131,6 +140,23 @@ int kva__msg_decode(const void *buf, size_t len, int nfds, union kva__msg *out)
 			return BAD("REFUSE with reason %u", m.refuse.reason);
 		if (!str_ok(m.refuse.text, sizeof(m.refuse.text)))
 			return BAD("REFUSE text not a terminated, zero-padded string");
+		break;
+	case KVA__MSG_DEVMEM:
+		if (m.devmem.flags & ~KVA__DEVMEM_LEGACY || m.devmem.reserved)
+			return BAD("DEVMEM with flags %#x", m.devmem.flags);
+		if (m.devmem.flags & KVA__DEVMEM_LEGACY) {
+			if (m.devmem.first || m.devmem.count != 1)
+				return BAD("DEVMEM legacy handle as chunks %u..+%u", m.devmem.first,
+					   m.devmem.count);
+			break;
+		}
+		if (!m.devmem.count || m.devmem.count > KVA__SCM_MAX_FD ||
+		    m.devmem.first >= KVA_MAX_CHUNKS ||
+		    m.devmem.count > KVA_MAX_CHUNKS - m.devmem.first)
+			return BAD("DEVMEM of chunks %u..+%u", m.devmem.first, m.devmem.count);
+		for (size_t k = 0; k < sizeof(m.devmem.ipc_handle); k++)
+			if (m.devmem.ipc_handle[k])
+				return BAD("DEVMEM of fds with an IPC handle");
 		break;
 	case KVA__MSG_SHUTDOWN:
 		if (m.shutdown.grace_ms > KVA__SHUTDOWN_MAX_MS || m.shutdown.reserved)

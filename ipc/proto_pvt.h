@@ -14,6 +14,11 @@
  *                                        tiers, the eventfd a worker writes
  *                                        to wake the agent's tier thread, and
  *                                        the host tier's memory, read-only)
+ *                                <----   a GPU arena (WELCOME_DEVICE): no
+ *                                        data fd; to a worker, DEVMEM
+ *                                        messages follow, in order, with the
+ *                                        chunks' fds (at most SCM_MAX_FD a
+ *                                        message), or the legacy IPC handle
  *                                <----   or REFUSE (reason, text); then close
  *   ADOPTED                      ---->   the slot is adopted (LIVE): what the
  *                                        agent restores if a worker overwrites it
@@ -32,7 +37,7 @@
 #include <stddef.h>
 #include <stdint.h>
 
-#define KVA__PROTO_VERSION 1u
+#define KVA__PROTO_VERSION 2u
 #define KVA__NAME_LEN 32
 #define KVA__TEXT_LEN 128
 #define KVA__NO_SLOT 0xffffffffu       /* WELCOME of an observer */
@@ -51,6 +56,7 @@ enum kva__msg_type {
 	KVA__MSG_SHUTDOWN = 4,
 	KVA__MSG_BYE = 5,
 	KVA__MSG_ADOPTED = 6,
+	KVA__MSG_DEVMEM = 7,
 };
 
 #define KVA__HELLO_OBSERVER 0x1u  /* read-only mapping, no slot */
@@ -65,6 +71,7 @@ struct kva__hello {
 #define KVA__WELCOME_READONLY 0x1u /* the fds are read-only */
 #define KVA__WELCOME_DOORBELL 0x2u /* a third fd: the tiers' doorbell (an eventfd) */
 #define KVA__WELCOME_HOSTTIER 0x4u /* and a fourth: the host tier, read-only */
+#define KVA__WELCOME_DEVICE 0x8u   /* the data is on a GPU: no data fd (DEVMEM follows) */
 
 struct kva__welcome {
 	struct kva__msg_hdr h;
@@ -106,6 +113,24 @@ struct kva__bye {
 	struct kva__msg_hdr h;
 };
 
+/*
+ * The kernel's SCM_MAX_FD (include/net/scm.h, not in the uapi headers): a
+ * sendmsg with more fds fails with EINVAL (scm_fp_copy). A GPU arena's
+ * chunks come in messages of at most this many.
+ */
+#define KVA__SCM_MAX_FD 253
+#define KVA__DEVMEM_LEGACY 0x1u /* the IPC handle, and no fds */
+
+/* chunks [first, first + count) of a GPU arena: their fds, in order */
+struct kva__devmem {
+	struct kva__msg_hdr h;
+	uint32_t first;
+	uint32_t count;            /* fds with the message; 1 for the legacy handle */
+	uint32_t flags;            /* KVA__DEVMEM_* */
+	uint32_t reserved;
+	uint8_t ipc_handle[64];    /* legacy: the cuIpcMemHandle; else zero */
+};
+
 struct kva__adopted {
 	struct kva__msg_hdr h;
 };
@@ -118,6 +143,7 @@ union kva__msg {
 	struct kva__shutdown shutdown;
 	struct kva__bye bye;
 	struct kva__adopted adopted;
+	struct kva__devmem devmem;
 };
 
 /* proto.c */
@@ -144,16 +170,20 @@ const char *kva__refusal_name(uint32_t reason);
 const char *kva__msg_type_name(uint32_t type);
 
 /* sock.c */
-#define KVA__MAX_FDS 4
+#define KVA__MAX_FDS 4 /* with any message but DEVMEM */
 
+/* kva__sock_send - one message with @nfds (0..KVA__SCM_MAX_FD) fds */
 int kva__sock_send(int fd, const union kva__msg *m, const int *fds, int nfds);
 /*
  * kva__sock_recv - receive one message within @timeout_ms (-1: wait), with up
  * to KVA__MAX_FDS fds (close-on-exec). Returns its length; -ECONNRESET at end
  * of stream; -ETIMEDOUT; -EPROTO if it was longer than @cap or carried more
- * fds (those are closed).
+ * fds (those are closed). kva__sock_recv_fds takes up to @max_fds
+ * (KVA__SCM_MAX_FD at most).
  */
 int kva__sock_recv(int fd, void *buf, size_t cap, int *fds, int *nfds, int timeout_ms);
+int kva__sock_recv_fds(int fd, void *buf, size_t cap, int *fds, int max_fds, int *nfds,
+		       int timeout_ms);
 int kva__sock_connect(const char *path, int *fd);
 
 #endif /* KVA_PROTO_PVT_H */

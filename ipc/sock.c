@@ -16,13 +16,13 @@ int kva__sock_send(int fd, const union kva__msg *m, const int *fds, int nfds)
 {
 	union {
 		struct cmsghdr align;
-		char buf[CMSG_SPACE(sizeof(int) * KVA__MAX_FDS)];
+		char buf[CMSG_SPACE(sizeof(int) * KVA__SCM_MAX_FD)];
 	} ctl;
 	struct iovec iov = { .iov_base = (void *)m, .iov_len = m->h.length };
 	struct msghdr msg = { .msg_iov = &iov, .msg_iovlen = 1 };
 	ssize_t n;
 
-	if (nfds < 0 || nfds > KVA__MAX_FDS)
+	if (nfds < 0 || nfds > KVA__SCM_MAX_FD)
 		return -EINVAL;
 	if (nfds) {
 		struct cmsghdr *c;
@@ -46,9 +46,17 @@ int kva__sock_send(int fd, const union kva__msg *m, const int *fds, int nfds)
 
 int kva__sock_recv(int fd, void *buf, size_t cap, int *fds, int *nfds, int timeout_ms)
 {
+	return kva__sock_recv_fds(fd, buf, cap, fds, KVA__MAX_FDS, nfds, timeout_ms);
+}
+
+int kva__sock_recv_fds(int fd, void *buf, size_t cap, int *fds, int max_fds, int *nfds,
+		       int timeout_ms)
+{
+	/* room for every fd a message can carry, so that one with more than
+	 * we take is seen (and its fds closed), not cut by the kernel */
 	union {
 		struct cmsghdr align;
-		char buf[CMSG_SPACE(sizeof(int) * KVA__MAX_FDS)];
+		char buf[CMSG_SPACE(sizeof(int) * KVA__SCM_MAX_FD)];
 	} ctl;
 	struct iovec iov = { .iov_base = buf, .iov_len = cap };
 	struct msghdr msg = {
@@ -86,7 +94,7 @@ int kva__sock_recv(int fd, void *buf, size_t cap, int *fds, int *nfds, int timeo
 			int f;
 
 			memcpy(&f, CMSG_DATA(c) + sizeof(int) * (size_t)k, sizeof(f));
-			if (*nfds < KVA__MAX_FDS) {
+			if (*nfds < max_fds) {
 				fds[(*nfds)++] = f;
 			} else {
 				close(f);
@@ -94,9 +102,14 @@ int kva__sock_recv(int fd, void *buf, size_t cap, int *fds, int *nfds, int timeo
 			}
 		}
 	}
-	if (msg.msg_flags & (MSG_TRUNC | MSG_CTRUNC))
-		ret = kva__err(-EPROTO, "protocol: a message longer than %zu bytes, or with "
-			       "too many file descriptors", cap);
+	if (msg.msg_flags & MSG_TRUNC)
+		ret = kva__err(-EPROTO, "protocol: a message longer than %zu bytes", cap);
+	else if (msg.msg_flags & MSG_CTRUNC)
+		/* the kernel drops the fds it cannot install: more than a
+		 * message may carry, or this process is out of descriptors */
+		ret = kva__err(-EPROTO, "protocol: file descriptors lost on the way in: more than "
+			       "a message carries, or this process is at its descriptor limit "
+			       "(ulimit -n)");
 	if (ret < 0) {
 		while (*nfds)
 			close(fds[--*nfds]);

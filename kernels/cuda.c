@@ -10,19 +10,17 @@
  * against the CPU kernels wherever a driver and a device are present.
  *
  * libcuda is never linked (so every binary starts where there is no driver):
- * dlopen finds it, dlsym finds cuGetProcAddress, and cuGetProcAddress gives
- * every other entry point at a fixed API version, so the driver hands out
- * the ABI this file was written against however new it is. Only the driver
- * API is used; there is no cudart. The few driver types and constants used
- * are declared here with cuda.h's values, because the library must build
- * where the toolkit is absent.
+ * arena/cudrv.c finds it and gives every entry point through
+ * cuGetProcAddress at a fixed API version. Only the driver API is used;
+ * there is no cudart. The driver types and constants are arena/cudrv_pvt.h's,
+ * declared with cuda.h's values, because the library must build where the
+ * toolkit is absent.
  *
  * Kernels run in the calling thread's current context (the one the engine's
  * streams and memory belong to), or, when none is current, in device 0's
  * primary context, pushed for the call and popped after. A module is loaded
  * once per context and kept for the life of the process.
  */
-#include <dlfcn.h>
 #include <errno.h>
 #include <pthread.h>
 #include <stdarg.h>
@@ -32,6 +30,7 @@
 #include <string.h>
 
 #include "arena_pvt.h"
+#include "cudrv_pvt.h"
 #include "cuda_config.h"
 #include "cuda_pvt.h"
 #include "kernels_pvt.h"
@@ -52,37 +51,11 @@ _Static_assert(sizeof(struct kva__cuda_store_args) == KVA__CUDA_STORE_ARGS_SIZE,
 
 /* ------------------------------------------------ the driver, by hand */
 
-typedef int cu_result;                 /* CUresult */
-typedef int cu_device;                 /* CUdevice */
-typedef struct cu_ctx_st *cu_context;  /* CUcontext */
 typedef struct cu_mod_st *cu_module;   /* CUmodule */
 typedef struct cu_func_st *cu_function;
-typedef struct cu_stream_st *cu_stream;
-typedef unsigned long long cu_deviceptr;
 
-/* values from cuda.h (CUDA 13.0), part of the driver's stable ABI */
-#define CU_SUCCESS 0
-#define CU_ERROR_OUT_OF_MEMORY 2
-#define CU_ERROR_NOT_A_DRIVER 34 /* the toolkit's link-time libcuda.so answered */
-#define CU_ERROR_NO_DEVICE 100
-#define CU_DEVICE_ATTRIBUTE_MAX_SHARED_MEMORY_PER_BLOCK_OPTIN 97
 #define CU_FUNC_ATTRIBUTE_SHARED_SIZE_BYTES 1
 #define CU_FUNC_ATTRIBUTE_MAX_DYNAMIC_SHARED_SIZE_BYTES 8
-#define CU_GET_PROC_ADDRESS_LEGACY_STREAM 1 /* a NULL stream is the legacy default stream */
-
-/*
- * The API version every entry point is asked for: CUDA 12.0, whose
- * signatures below are those of cuda.h's _v2 names (cuCtxPushCurrent_v2,
- * cuMemcpyDtoH_v2, ...). A newer driver still returns these ABIs for it.
- */
-#define CU_API_VERSION 12000
-
-/* cuGetProcAddress_v2 (CUDA 12+) has a status out-parameter; the first
- * cuGetProcAddress (CUDA 11.3..11.8) does not */
-typedef cu_result (*get_proc_v2_fn)(const char *symbol, void **pfn, int version,
-				    unsigned long long flags, int *status);
-typedef cu_result (*get_proc_v1_fn)(const char *symbol, void **pfn, int version,
-				    unsigned long long flags);
 
 struct driver {
 	int status;       /* 0, or -errno with why */
@@ -125,12 +98,8 @@ struct driver {
 static struct driver drv;
 static pthread_once_t drv_once = PTHREAD_ONCE_INIT;
 
-static const struct entry {
-	const char *name;
-	size_t offset;
-	bool optional;
-} entries[] = {
-#define E(name, field) { name, offsetof(struct driver, field), false }
+static const struct kva__cu_entry entries[] = {
+#define E(name, field) { name, offsetof(struct driver, field), 0 }
 	E("cuInit", init),
 	E("cuDriverGetVersion", driver_get_version),
 	E("cuDeviceGetCount", device_get_count),
@@ -141,7 +110,7 @@ static const struct entry {
 	E("cuCtxPushCurrent", ctx_push_current),
 	E("cuCtxPopCurrent", ctx_pop_current),
 	E("cuCtxGetDevice", ctx_get_device),
-	{ "cuCtxGetId", offsetof(struct driver, ctx_get_id), true },
+	{ "cuCtxGetId", offsetof(struct driver, ctx_get_id), 1 },
 	E("cuCtxSynchronize", ctx_synchronize),
 	E("cuModuleLoadData", module_load_data),
 	E("cuModuleGetFunction", module_get_function),
@@ -160,15 +129,6 @@ static const struct entry {
 #undef E
 };
 
-/* POSIX makes a data pointer from dlsym callable; ISO C has no conversion
- * between object and function pointers, so copy the representation */
-_Static_assert(sizeof(void *) == sizeof(cu_result (*)(void)), "function pointers are not void *");
-
-static void set_fn(void *field, void *sym)
-{
-	memcpy(field, &sym, sizeof(sym));
-}
-
 static void driver_fail(int err, const char *fmt, ...) __attribute__((format(printf, 2, 3)));
 
 static void driver_fail(int err, const char *fmt, ...)
@@ -183,9 +143,7 @@ static void driver_fail(int err, const char *fmt, ...)
 
 static void load_driver(void)
 {
-	get_proc_v2_fn get_proc_v2 = NULL;
-	get_proc_v1_fn get_proc_v1 = NULL;
-	void *lib, *sym;
+	char why[200];
 	int count = 0;
 	cu_result r;
 
@@ -194,46 +152,10 @@ static void load_driver(void)
 			    "kernels");
 		return;
 	}
-	lib = dlopen("libcuda.so.1", RTLD_NOW | RTLD_LOCAL);
-	if (!lib) {
-		driver_fail(-ENODEV, "cuda: no CUDA driver (libcuda.so.1 not found: %s)", dlerror());
+	if (kva__cu_load(entries, sizeof(entries) / sizeof(entries[0]), &drv, why,
+			 sizeof(why)) < 0) {
+		driver_fail(-ENODEV, "cuda: %s", why);
 		return;
-	}
-	/* the library stays loaded: the functions below point into it */
-	if ((sym = dlsym(lib, "cuGetProcAddress_v2")))
-		set_fn(&get_proc_v2, sym);
-	else if ((sym = dlsym(lib, "cuGetProcAddress")))
-		set_fn(&get_proc_v1, sym);
-	else {
-		driver_fail(-ENODEV, "cuda: the CUDA driver is too old: libcuda.so.1 has no "
-			    "cuGetProcAddress (CUDA 11.3)");
-		return;
-	}
-	for (size_t i = 0; i < sizeof(entries) / sizeof(entries[0]); i++) {
-		int status = 0;
-
-		sym = NULL;
-		r = get_proc_v2 ? get_proc_v2(entries[i].name, &sym, CU_API_VERSION,
-					      CU_GET_PROC_ADDRESS_LEGACY_STREAM, &status)
-				: get_proc_v1(entries[i].name, &sym, CU_API_VERSION,
-					      CU_GET_PROC_ADDRESS_LEGACY_STREAM);
-		if (r == CU_ERROR_NOT_A_DRIVER) {
-			driver_fail(-ENODEV, "cuda: no CUDA driver (libcuda.so.1 is the toolkit's "
-				    "link-time library, CUresult %d)", r);
-			return;
-		}
-		if (r != CU_SUCCESS && !entries[i].optional) {
-			driver_fail(-ENODEV, "cuda: cuGetProcAddress(%s) failed (CUresult %d)",
-				    entries[i].name, r);
-			return;
-		}
-		if ((status != 0 || !sym) && !entries[i].optional) {
-			driver_fail(-ENODEV, "cuda: the CUDA driver has no %s: it is older than "
-				    "CUDA 12.0", entries[i].name);
-			return;
-		}
-		if (r == CU_SUCCESS && status == 0 && sym)
-			set_fn((char *)&drv + entries[i].offset, sym);
 	}
 	r = drv.init(0);
 	if (r != CU_SUCCESS) {

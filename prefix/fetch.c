@@ -435,6 +435,8 @@ static bool over(const struct kva__fetch *ft)
  * take_back - a block the agent served, SHARED with our bit alone, becomes
  * ours alone (acquire: with collect()'s, everything the agent wrote is ours
  * to read), and is checked: the bytes must hash to what the record said.
+ * On a GPU arena the agent checked them on the host before it copied them
+ * up (tiers/: kva__rec_put_dev), and the CPU does not read device memory.
  */
 static bool take_back(struct kva_worker *w, struct kva__fblk *b)
 {
@@ -446,7 +448,7 @@ static bool take_back(struct kva_worker *w, struct kva__fblk *b)
 		    memory_order_acq_rel, memory_order_relaxed))
 		return false;
 	w->c.held[b->dest] = KVA__HELD_EXCL;
-	if (kva__block_hash(w->arena, b->dest) != b->hash) {
+	if (!w->arena->dev && kva__block_hash(w->arena, b->dest) != b->hash) {
 		reject(w, b->loc, b->tier == KVA__LOC_DISK);
 		return false;
 	}

@@ -96,18 +96,12 @@ bool kva__hold_published(struct kva_worker *w, uint32_t id, uint64_t *epoch);
 bool kva__hold_dest(struct kva_worker *w, uint32_t id, uint32_t epoch, uint32_t requester);
 
 /* record.c: the tiers' record format (arena_pvt.h, struct kva__rec_hdr) */
-struct kva__piece {
-	uint64_t off, len;      /* in the data region */
-};
 uint64_t kva__rec_fingerprint(const struct kva_arena_info *info);
 void kva__rec_hdr_fill(struct kva__rec_hdr *h, uint64_t fp, const uint64_t key[2],
 		       uint64_t length, uint64_t data_hash, uint64_t seq);
 /* NULL, or why @h is not a record of @fp (for @key, if not NULL) of @length */
 const char *kva__rec_hdr_check(const struct kva__rec_hdr *h, uint64_t fp, const uint64_t *key,
 			       uint64_t length);
-/* piece @i of block @block in canonical order; false past the last */
-bool kva__rec_piece_at(const struct kva_arena_info *info, uint32_t block, uint32_t i,
-		       struct kva__piece *p);
 /* a block's pieces in canonical order; their count (kva__rec_pieces_max at most) */
 uint32_t kva__rec_pieces(const struct kva_arena_info *info, uint32_t block, struct kva__piece *p);
 uint32_t kva__rec_pieces_max(const struct kva_arena_info *info);
@@ -118,6 +112,18 @@ bool kva__rec_scatter(struct kva_arena *a, uint32_t id, const uint8_t *src, uint
 void kva__rec_put(struct kva_arena *a, uint32_t id, const uint8_t *src);
 /* the hash of block @id's bytes where they lie, in canonical order */
 uint64_t kva__block_hash(struct kva_arena *a, uint32_t id);
+/*
+ * A GPU arena's blocks, through a queue of the caller's (devmem_pvt.h): the
+ * CPU never touches device memory. gather: block @id's bytes to @dst (host
+ * memory, pinned for speed), waited for, and their hash. put: @src checked
+ * against @hash here, on the host, then copied into the block, waited for.
+ * Return: 0, -EBADMSG (put: @src does not hash to @hash), -EIO (a copy).
+ */
+struct kva__dev_queue;
+int kva__rec_gather_dev(struct kva_arena *a, struct kva__dev_queue *q, uint32_t id, uint8_t *dst,
+			uint64_t *hash);
+int kva__rec_put_dev(struct kva_arena *a, struct kva__dev_queue *q, uint32_t id,
+		     const uint8_t *src, uint64_t hash);
 /* the same, per instruction set (record_isa.h): record.c picks one at run
  * time (KVA_RECORD_ISA forces one); test_record runs each */
 #define KVA__REC_PATH(isa)                                                              \

@@ -17,6 +17,7 @@
 #define XXH_STATIC_LINKING_ONLY /* XXH3_state_t on the stack */
 #include <xxhash.h>
 
+#include "devmem_pvt.h"
 #include "prefix_pvt.h"
 
 
@@ -99,38 +100,6 @@ uint32_t kva__rec_pieces(const struct kva_arena_info *info, uint32_t block, stru
 	return n;
 }
 
-/*
- * Each piece is visited in CHUNK-sized steps. The pieces of a layer-major
- * block number 2 x layers (x 2 with scales); they are computed on the fly
- * rather than stored, one at a time.
- */
-bool kva__rec_piece_at(const struct kva_arena_info *info, uint32_t block, uint32_t i,
-		       struct kva__piece *p)
-{
-	const struct kva_geometry *g = &info->geometry;
-	const struct kva_block_layout *l = &info->layout;
-	uint32_t pages = 2 * g->layers;
-
-	if (l->block_stride) {
-		if (i)
-			return false;
-		p->off = kva_kv_offset(g, l, info->blocks, block, 0, 0, 0);
-		p->len = l->block_bytes;
-		return true;
-	}
-	if (i < pages) {
-		p->off = kva_kv_offset(g, l, info->blocks, block, i / 2, (int)(i % 2), 0);
-		p->len = l->page_bytes;
-		return true;
-	}
-	i -= pages;
-	if (!l->scale_bytes || i >= pages)
-		return false;
-	p->off = kva_kv_offset(g, l, info->blocks, block, i / 2, (int)(i % 2), 1);
-	p->len = l->scale_bytes;
-	return true;
-}
-
 /* the paths (record_isa.h; declared in prefix_pvt.h), and the one this CPU runs */
 struct rec_ops {
 	uint64_t (*gather)(struct kva_arena *a, uint32_t id, uint8_t *dst);
@@ -191,10 +160,47 @@ void kva__rec_put(struct kva_arena *a, uint32_t id, const uint8_t *src)
 	const struct kva_arena_info *info = kva_arena_info(a);
 	struct kva__piece p;
 
-	for (uint32_t i = 0; kva__rec_piece_at(info, id, i, &p); i++) {
+	for (uint32_t i = 0; kva__block_piece_at(info, id, i, &p); i++) {
 		memcpy(a->data + p.off, src, p.len);
 		src += p.len;
 	}
+}
+
+int kva__rec_gather_dev(struct kva_arena *a, struct kva__dev_queue *q, uint32_t id, uint8_t *dst,
+			uint64_t *hash)
+{
+	const struct kva_arena_info *info = kva_arena_info(a);
+	struct kva__piece p;
+	uint64_t at = 0;
+	int ret;
+
+	/* every piece queued, then one wait: the copies overlap on the bus;
+	 * a failed one makes the rest refuse and the wait say why */
+	for (uint32_t i = 0; kva__block_piece_at(info, id, i, &p); i++) {
+		kva__dev_queue_to_host(q, dst + at, p.off, p.len);
+		at += p.len;
+	}
+	if ((ret = kva__dev_queue_wait(q)) < 0)
+		return ret;
+	/* the canonical bytes' XXH3-64, as the host paths give it */
+	*hash = XXH3_64bits(dst, info->layout.block_bytes);
+	return 0;
+}
+
+int kva__rec_put_dev(struct kva_arena *a, struct kva__dev_queue *q, uint32_t id,
+		     const uint8_t *src, uint64_t hash)
+{
+	const struct kva_arena_info *info = kva_arena_info(a);
+	struct kva__piece p;
+
+	if (XXH3_64bits(src, info->layout.block_bytes) != hash)
+		return -EBADMSG;
+	for (uint32_t i = 0; kva__block_piece_at(info, id, i, &p); i++) {
+		kva__dev_queue_from_host(q, p.off, src, p.len);
+		src += p.len;
+	}
+	/* in device memory before the caller lets go and says DONE */
+	return kva__dev_queue_wait(q);
 }
 
 uint64_t kva_tier_record_bytes(uint64_t block_bytes)

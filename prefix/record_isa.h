@@ -85,7 +85,7 @@ uint64_t REC_FN(gather)(struct kva_arena *a, uint32_t id, uint8_t *dst)
 	XXH3_state_t st;
 
 	XXH3_64bits_reset(&st);
-	for (uint32_t i = 0; kva__rec_piece_at(info, id, i, &p); i++)
+	for (uint32_t i = 0; kva__block_piece_at(info, id, i, &p); i++)
 		for (uint64_t o = 0; o < p.len; o += REC_CHUNK) {
 			uint64_t n = p.len - o < REC_CHUNK ? p.len - o : REC_CHUNK;
 
@@ -105,7 +105,7 @@ bool REC_FN(scatter)(struct kva_arena *a, uint32_t id, const uint8_t *src, uint6
 	XXH3_state_t st;
 
 	XXH3_64bits_reset(&st);
-	for (uint32_t i = 0; kva__rec_piece_at(info, id, i, &p); i++)
+	for (uint32_t i = 0; kva__block_piece_at(info, id, i, &p); i++)
 		for (uint64_t o = 0; o < p.len; o += REC_CHUNK) {
 			uint64_t n = p.len - o < REC_CHUNK ? p.len - o : REC_CHUNK;
 
@@ -128,7 +128,7 @@ uint64_t REC_FN(hash)(struct kva_arena *a, uint32_t id)
 	XXH3_state_t st;
 
 	XXH3_64bits_reset(&st);
-	for (uint32_t i = 0; kva__rec_piece_at(info, id, i, &p); i++)
+	for (uint32_t i = 0; kva__block_piece_at(info, id, i, &p); i++)
 		XXH3_64bits_update(&st, data + p.off, p.len);
 	return XXH3_64bits_digest(&st);
 }

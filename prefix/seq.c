@@ -420,29 +420,6 @@ int kva_seq_reserve(struct kva_seq *s, size_t n_tokens)
 	return reserve_blocks(s, s->n_tokens + n_tokens);
 }
 
-/* copy one block's bytes, every layer's K, V (and int8 scales) */
-static void block_copy(struct kva_arena *a, uint32_t to, uint32_t from)
-{
-	const struct kva_geometry *g = &a->info.geometry;
-	const struct kva_block_layout *l = &a->info.layout;
-
-	if (l->block_stride) {
-		memcpy(a->data + kva_kv_offset(g, l, a->blocks, to, 0, 0, 0),
-		       a->data + kva_kv_offset(g, l, a->blocks, from, 0, 0, 0), l->block_bytes);
-		return;
-	}
-	for (uint32_t layer = 0; layer < g->layers; layer++)
-		for (int kv = 0; kv < 2; kv++) {
-			memcpy(a->data + kva_kv_offset(g, l, a->blocks, to, layer, kv, 0),
-			       a->data + kva_kv_offset(g, l, a->blocks, from, layer, kv, 0),
-			       l->page_bytes);
-			if (l->scale_bytes)
-				memcpy(a->data + kva_kv_offset(g, l, a->blocks, to, layer, kv, 1),
-				       a->data + kva_kv_offset(g, l, a->blocks, from, layer, kv, 1),
-				       l->scale_bytes);
-		}
-}
-
 /* the partial block is shared with a fork: this side takes a private copy */
 static int unshare_partial(struct kva_seq *s)
 {
@@ -458,7 +435,13 @@ static int unshare_partial(struct kva_seq *s)
 		kva__usage_add(s, -1);
 		return ret;
 	}
-	block_copy(w->arena, fresh, old);
+	/* on a GPU arena a driver copy, which can fail: then the fork keeps
+	 * sharing the old block and the caller hears why */
+	if ((ret = kva__block_copy(w->arena, fresh, old)) < 0) {
+		kva_free(w, &fresh, 1);
+		kva__usage_add(s, -1);
+		return ret;
+	}
 	s->ids[i] = fresh;
 	kva_free(w, &old, 1);
 	kva__usage_add(s, -1);

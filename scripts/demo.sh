@@ -11,6 +11,8 @@
 # others go on; at the end the demo checks that nothing was lost, and the
 # agent is stopped with SIGTERM and must exit cleanly. The exit status is 0
 # only if every check passed and the agent stopped cleanly.
+# With --backend cuda the arena lives in a GPU's memory (the driver stand-in
+# where there is no driver: said when it starts).
 # Then it replays the Mooncake synthetic trace through kvarena-replay (its own
 # agent, 4 worker processes) with each eviction policy and prints the prefix
 # hit ratios next to LRU's and Belady's on the same trace.
@@ -23,13 +25,15 @@ ensure_packages demo.sh build-essential meson ninja-build pkg-config libxxhash-d
 	libsystemd-dev libjson-c-dev || exit 1
 
 # --blocks sets the agent's arena; --workers, the demo's, also the agent's
-# worker slots (one more, for the demo's parent); the rest is the demo's
+# worker slots (one more, for the demo's parent); --backend cuda puts the
+# arena on a GPU; the rest is the demo's
 agent_flags=()
 demo_args=()
 help=0
+backend=host
 while (($#)); do
 	case $1 in
-	--blocks | --workers)
+	--blocks | --workers | --backend)
 		if (($# < 2)); then
 			echo "demo.sh: $1 needs a number" >&2
 			exit 2
@@ -39,6 +43,14 @@ while (($#)); do
 		;;
 	--blocks=*)
 		agent_flags+=(--blocks "${1#*=}")
+		;;
+	--backend=*)
+		backend=${1#*=}
+		if [[ $backend != host && $backend != cuda ]]; then
+			echo "demo.sh: --backend host or cuda" >&2
+			exit 2
+		fi
+		agent_flags+=(--backend "$backend")
 		;;
 	--workers=*)
 		n=${1#*=}
@@ -85,7 +97,21 @@ if ((help)); then
 	"$demo" --help
 	echo
 	echo "demo.sh also takes --blocks N: the size of the agent's arena (default 2048)"
+	echo "and --backend cuda: the arena in a GPU's memory (over the driver stand-in"
+	echo "where the machine has no CUDA driver)"
 	exit 0
+fi
+
+# A GPU arena needs the CUDA driver. Where there is none, the arena runs over
+# the project's driver stand-in (tests/cudastub: host memory posing as device
+# memory, the driver API's contract enforced), every process of the demo
+# barred from touching "device" memory with the CPU, as on a real GPU.
+if [[ $backend == cuda ]] && ! ldconfig -p | grep -q 'libcuda\.so\.1 '; then
+	export LD_LIBRARY_PATH=$PWD/$dir/tests/cudastub${LD_LIBRARY_PATH:+:$LD_LIBRARY_PATH}
+	export KVA_CUDASTUB_NO_CPU=1
+	echo "== no CUDA driver on this machine: the GPU arena runs over the driver stand-in"
+	echo "   ($dir/tests/cudastub/libcuda.so.1: host memory posing as device memory; no GPU"
+	echo "   is involved, and nothing here says how fast one would be)"
 fi
 
 . tests/demo/agent.sh

@@ -546,7 +546,14 @@ static void test_bad_flags_are_refused_by_name(void **state)
 		{ "--dtype f64", "--dtype" },
 		{ "--layout diagonal", "--layout" },
 		{ "--memory 12Q", "--memory" },
-		{ "--backend cuda", "host backend" },
+		{ "--backend tpu", "host or cuda" },
+		{ "--device 0", "are for --backend cuda" },
+		{ "--ipc fd", "are for --backend cuda" },
+		{ "--backend cuda --memory-fraction 1.5", "--memory-fraction" },
+		{ "--backend cuda --memory-fraction nan", "--memory-fraction" },
+		{ "--backend cuda --ipc carrier", "--ipc" },
+		{ "--backend cuda --hugepages", "--hugepages" },
+		{ "--backend cuda --chunk-bytes 0", "--chunk-bytes" },
 		{ "--max-workers 49", "--max-workers" },
 		{ "--socket-mode 999", "--socket-mode" },
 		{ "--allow-uid nosuchuser", "no such user" },
@@ -570,6 +577,26 @@ static void test_bad_flags_are_refused_by_name(void **state)
 		status = pclose(p);
 		if (WEXITSTATUS(status) != 2 || !strstr(out, cases[k].says))
 			fail_msg("%s: exit %d, said \"%s\"", cases[k].flags, WEXITSTATUS(status), out);
+	}
+	/* a GPU arena where there is no driver: refused at start, and why */
+	{
+		struct kva_cuda_device d;
+
+		if (kva_cuda_device_query(NULL, &d) < 0) {
+			FILE *p;
+			size_t n;
+			int status;
+
+			snprintf(cmd, sizeof(cmd), "%s --socket /tmp/kva-never.sock --backend cuda "
+				 "2>&1", agent_path);
+			p = popen(cmd, "r");
+			n = fread(out, 1, sizeof(out) - 1, p);
+			out[n] = '\0';
+			status = pclose(p);
+			if (WEXITSTATUS(status) != 1 || !strstr(out, "--backend cuda: cuda:"))
+				fail_msg("--backend cuda without a driver: exit %d, said \"%s\"",
+					 WEXITSTATUS(status), out);
+		}
 	}
 	assert_non_null(mkdtemp(dir));
 	snprintf(path, sizeof(path), "%s/agent.conf", dir);

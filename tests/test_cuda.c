@@ -507,6 +507,42 @@ static void test_gpu_store_and_decode_match_the_cpu(void **state)
 		}
 }
 
+/*
+ * A GPU arena where the driver is absent says so, by name, and leaves
+ * nothing behind (ASan's leak check sees the rest); where a device is
+ * present, test_gpu_arena does the real thing.
+ */
+static void test_gpu_arena_without_a_driver_says_why(void **state)
+{
+	struct kva_geometry g = { .block_tokens = 16, .layers = 2, .kv_heads = 2, .head_dim = 64,
+				  .dtype = KVA_F16, .layout = KVA_LAYOUT_BLOCK_MAJOR };
+	struct kva_cuda_opts cuda = { 0 };
+	struct kva_arena_opts o = { .blocks = 64, .numa_node = -1, .cuda = &cuda };
+	struct kva_cuda_device d;
+	struct kva_arena *a = NULL;
+	int ret = kva_cuda_device_query(NULL, &d);
+
+	(void)state;
+	if (ret == 0) {
+		fprintf(stderr, "  a device is present (%s): test_gpu_arena --device covers it\n",
+			d.name);
+		skip();
+	}
+	assert_int_equal(ret, -ENODEV);
+	assert_non_null(strstr(kva_errmsg(), "cuda:"));
+	fprintf(stderr, "  kva_cuda_device_query: %s\n", kva_errmsg());
+	assert_int_equal(kva_arena_create(&g, &o, &a), -ENODEV);
+	assert_null(a);
+	assert_non_null(strstr(kva_errmsg(), "cuda:"));
+	/* options a GPU arena cannot take, refused before the driver is asked */
+	o.flags = KVA_ARENA_HUGETLB;
+	assert_int_equal(kva_arena_create(&g, &o, &a), -EINVAL);
+	assert_non_null(strstr(kva_errmsg(), "host memory"));
+	o.flags = 0;
+	cuda.ipc = (enum kva_cuda_ipc)7;
+	assert_int_equal(kva_arena_create(&g, &o, &a), -EINVAL);
+}
+
 int main(void)
 {
 	const struct CMUnitTest tests[] = {
@@ -514,6 +550,7 @@ int main(void)
 		cmocka_unit_test(test_host_arguments_are_checked_before_the_driver),
 		cmocka_unit_test(test_library_carries_sm80_sm90_cubins_and_ptx),
 		cmocka_unit_test(test_gpu_store_and_decode_match_the_cpu),
+		cmocka_unit_test(test_gpu_arena_without_a_driver_says_why),
 	};
 
 	return cmocka_run_group_tests_name("cuda", tests, NULL, NULL);

@@ -135,6 +135,12 @@ static void test_each_field_is_checked_even_with_a_valid_checksum(void **state)
 		F(idx_off, 4096, -EBADMSG, "offsets"),
 		F(idx_entries, 1 << 20, -EBADMSG, "offsets"),
 		F(bmeta_off, 0, -EBADMSG, "offsets"),
+		F(backend, 2, -EBADMSG, "backend 2"),
+		F(reserved1, 1, -EBADMSG, "reserved1"),
+		F(ipc, KVA_IPC_FD, -EBADMSG, "GPU region's fields"),
+		F(granularity, 1 << 21, -EBADMSG, "GPU region's fields"),
+		F(chunks, 1, -EBADMSG, "GPU region's fields"),
+		F(device_uuid, 1, -EBADMSG, "GPU region's fields"),
 #undef F
 	};
 
@@ -177,6 +183,83 @@ static int copy_region(int src, size_t bytes, size_t size, bool seal)
 	if (seal)
 		assert_int_equal(fcntl(fd, F_ADD_SEALS, F_SEAL_SHRINK | F_SEAL_GROW | F_SEAL_SEAL), 0);
 	return fd;
+}
+
+/*
+ * A GPU arena's header: opened as a host arena it is -EMEDIUMTYPE (its data
+ * is the agent's to hand out), read-only without a data fd it opens; and
+ * each GPU field is checked, with a valid checksum, as the host ones are.
+ */
+static void test_a_gpu_arena_header_is_checked_too(void **state)
+{
+	struct fixture *f = *state;
+	struct kva__header g = f->good, h;
+	struct kva_arena *b = NULL;
+	const uint64_t gran = 1 << 16;
+
+	g.backend = KVA_BACKEND_CUDA;
+	g.ipc = KVA_IPC_FD;
+	g.granularity = gran;
+	g.map_bytes = (g.data_bytes + gran - 1) / gran * gran;
+	g.chunk_bytes = 4 * gran;
+	g.chunks = (uint32_t)((g.map_bytes + g.chunk_bytes - 1) / g.chunk_bytes);
+	g.device_total = 1ull << 34;
+	memset(g.device_uuid, 0x42, sizeof(g.device_uuid));
+	snprintf(g.device_name, sizeof(g.device_name), "a device");
+	g.flags = 0;
+	g.numa_node = -1;
+	g.checksum = kva__header_checksum(&g);
+	put_header(f, &g);
+	assert_int_equal(try_open(f), -EMEDIUMTYPE);
+	assert_non_null(strstr(kva_errmsg(), "on a GPU"));
+	assert_int_equal(kva_arena_open_flags(f->meta_fd, f->data_fd, KVA_OPEN_READONLY, &b),
+			 -EBADF);
+	assert_int_equal(kva_arena_open_flags(f->meta_fd, -1, KVA_OPEN_READONLY, &b), 0);
+	assert_int_equal(kva_arena_info(b)->backend, KVA_BACKEND_CUDA);
+	assert_int_equal(kva_arena_info(b)->chunks, g.chunks);
+	assert_string_equal(kva_arena_info(b)->device_uuid,
+			    "GPU-42424242-4242-4242-4242-424242424242");
+	assert_int_equal(kva_arena_data_fd(b), -EMEDIUMTYPE);
+	kva_arena_close(b);
+
+	/* each field wrong, the checksum right */
+	for (int k = 0; k < 10; k++) {
+		const char *says = NULL;
+
+		h = g;
+		switch (k) {
+		case 0: h.ipc = 3; says = "ipc 3"; break;
+		case 1: h.granularity = 3000; says = "granularity"; break;
+		case 2: h.chunk_bytes = gran + 1; says = "not multiples"; break;
+		case 3: h.map_bytes -= gran; says = "a range of"; break;
+		case 4: h.map_bytes += gran; says = "a range of"; break;
+		case 5: h.chunks++; says = "chunks of"; break;
+		case 6: h.chunks = KVA_MAX_CHUNKS + 1; says = "chunks of"; break;
+		case 7: h.ipc = KVA_IPC_LEGACY; says = "legacy IPC with"; break;
+		case 8: h.flags = KVA__HDR_HUGETLB; says = "huge pages"; break;
+		case 9: memset(h.device_name, 'x', sizeof(h.device_name)); says = "device name"; break;
+		}
+		h.checksum = kva__header_checksum(&h);
+		put_header(f, &h);
+		b = NULL;
+		if (kva_arena_open_flags(f->meta_fd, -1, KVA_OPEN_READONLY, &b) != -EBADMSG ||
+		    !strstr(kva_errmsg(), says))
+			fail_msg("case %d: got \"%s\", not \"%s\"", k, kva_errmsg(), says);
+		assert_null(b);
+	}
+	/* legacy: one allocation of the data exactly */
+	h = g;
+	h.ipc = KVA_IPC_LEGACY;
+	h.chunks = 1;
+	h.chunk_bytes = h.map_bytes = h.data_bytes;
+	h.granularity = 0;
+	h.checksum = kva__header_checksum(&h);
+	put_header(f, &h);
+	assert_int_equal(kva_arena_open_flags(f->meta_fd, -1, KVA_OPEN_READONLY, &b), 0);
+	assert_int_equal(kva_arena_info(b)->ipc, KVA_IPC_LEGACY);
+	kva_arena_close(b);
+	put_header(f, &f->good);
+	assert_int_equal(try_open(f), 0);
 }
 
 static void test_wrong_files_are_refused(void **state)
@@ -259,6 +342,8 @@ int main(void)
 						teardown),
 		cmocka_unit_test_setup_teardown(test_each_field_is_checked_even_with_a_valid_checksum,
 						setup, teardown),
+		cmocka_unit_test_setup_teardown(test_a_gpu_arena_header_is_checked_too, setup,
+						teardown),
 		cmocka_unit_test_setup_teardown(test_wrong_files_are_refused, setup, teardown),
 		cmocka_unit_test_setup_teardown(test_sealed_regions_cannot_be_truncated, setup,
 						teardown),

@@ -51,13 +51,17 @@ static union kva__msg good(enum kva__msg_type t)
 	case KVA__MSG_BYE:
 	case KVA__MSG_ADOPTED:
 		break;
+	case KVA__MSG_DEVMEM:
+		m.devmem.first = 253;
+		m.devmem.count = 2;
+		break;
 	}
 	return m;
 }
 
 static int fds_for(enum kva__msg_type t)
 {
-	return t == KVA__MSG_WELCOME ? 2 : 0;
+	return t == KVA__MSG_WELCOME || t == KVA__MSG_DEVMEM ? 2 : 0;
 }
 
 /* decode @m as sent (its length field), expecting -EPROTO mentioning @why */
@@ -73,7 +77,7 @@ static void refused(const union kva__msg *m, size_t len, int nfds, const char *w
 static void test_every_well_formed_message_decodes_to_itself(void **state)
 {
 	(void)state;
-	for (int t = KVA__MSG_HELLO; t <= KVA__MSG_ADOPTED; t++) {
+	for (int t = KVA__MSG_HELLO; t <= KVA__MSG_DEVMEM; t++) {
 		union kva__msg m = good((enum kva__msg_type)t), out;
 
 		assert_int_equal(kva__msg_decode(&m, m.h.length, fds_for(t), &out), 0);
@@ -93,6 +97,27 @@ static void test_every_well_formed_message_decodes_to_itself(void **state)
 		m.welcome.flags = KVA__WELCOME_DOORBELL;
 		assert_int_equal(kva__msg_decode(&m, m.h.length, 3, &out), 0);
 		assert_int_equal(kva__msg_decode(&m, m.h.length, 2, &out), -EPROTO);
+		/* a GPU arena: the metadata alone (its data comes as DEVMEM) */
+		m.welcome.flags = KVA__WELCOME_DEVICE;
+		assert_int_equal(kva__msg_decode(&m, m.h.length, 1, &out), 0);
+		assert_int_equal(kva__msg_decode(&m, m.h.length, 2, &out), -EPROTO);
+		m.welcome.flags = KVA__WELCOME_DEVICE | KVA__WELCOME_DOORBELL;
+		assert_int_equal(kva__msg_decode(&m, m.h.length, 2, &out), 0);
+	}
+	{
+		/* the legacy IPC handle: one chunk, no fds */
+		union kva__msg m = good(KVA__MSG_DEVMEM), out;
+
+		m.devmem.first = 0;
+		m.devmem.count = 1;
+		m.devmem.flags = KVA__DEVMEM_LEGACY;
+		memset(m.devmem.ipc_handle, 0xa5, sizeof(m.devmem.ipc_handle));
+		assert_int_equal(kva__msg_decode(&m, m.h.length, 0, &out), 0);
+		assert_memory_equal(out.devmem.ipc_handle, m.devmem.ipc_handle, 64);
+		/* and a full message of fds */
+		m = good(KVA__MSG_DEVMEM);
+		m.devmem.count = KVA__SCM_MAX_FD;
+		assert_int_equal(kva__msg_decode(&m, m.h.length, KVA__SCM_MAX_FD, &out), 0);
 	}
 }
 
@@ -110,7 +135,7 @@ static void test_short_and_mislabelled_lengths_are_eproto(void **state)
 	refused(&m, m.h.length + 1, 0, "length field");
 	m = good(KVA__MSG_HELLO);
 	/* each type one byte short, and one byte long (the length field agreeing) */
-	for (int t = KVA__MSG_HELLO; t <= KVA__MSG_ADOPTED; t++) {
+	for (int t = KVA__MSG_HELLO; t <= KVA__MSG_DEVMEM; t++) {
 		union kva__msg g = good((enum kva__msg_type)t);
 		size_t size = g.h.length;
 
@@ -125,13 +150,15 @@ static void test_short_and_mislabelled_lengths_are_eproto(void **state)
 
 static void test_version_and_type_are_checked(void **state)
 {
-	static const uint16_t types[] = { 0, 7, 77, 0xffff };
+	static const uint16_t types[] = { 0, 8, 77, 0xffff };
 	union kva__msg m = good(KVA__MSG_BYE);
 
 	(void)state;
-	m.h.version = 2;
-	refused(&m, m.h.length, 0, "version 2");
-	assert_int_equal(kva__msg_version(&m, m.h.length), 2);
+	m.h.version = 1; /* before GPU arenas: its peers cannot take a DEVMEM */
+	refused(&m, m.h.length, 0, "version 1");
+	assert_int_equal(kva__msg_version(&m, m.h.length), 1);
+	m.h.version = 3;
+	refused(&m, m.h.length, 0, "version 3");
 	assert_int_equal(kva__msg_version(&m, 3), -EPROTO);
 	m.h.version = 0;
 	refused(&m, m.h.length, 0, "version 0");
@@ -203,6 +230,35 @@ static void test_bad_fields_are_eproto(void **state)
 	m = good(KVA__MSG_REFUSE);
 	memset(m.refuse.text, 't', sizeof(m.refuse.text));
 	refused(&m, m.h.length, 0, "text");
+
+	/* DEVMEM: fds as counted, within one message's limit and the chunks */
+	m = good(KVA__MSG_DEVMEM);
+	refused(&m, m.h.length, 1, "DEVMEM of 2 chunks with 1 file descriptors");
+	refused(&m, m.h.length, 3, "file descriptors");
+	m.devmem.count = 0;
+	refused(&m, m.h.length, 0, "DEVMEM of chunks");
+	m.devmem.count = KVA__SCM_MAX_FD + 1;
+	refused(&m, m.h.length, KVA__SCM_MAX_FD + 1, "DEVMEM of chunks");
+	m = good(KVA__MSG_DEVMEM);
+	m.devmem.first = KVA_MAX_CHUNKS - 1;
+	refused(&m, m.h.length, 2, "DEVMEM of chunks");
+	m = good(KVA__MSG_DEVMEM);
+	m.devmem.ipc_handle[63] = 1;
+	refused(&m, m.h.length, 2, "an IPC handle");
+	m = good(KVA__MSG_DEVMEM);
+	m.devmem.flags = 0x2;
+	refused(&m, m.h.length, 2, "flags");
+	m = good(KVA__MSG_DEVMEM);
+	m.devmem.reserved = 1;
+	refused(&m, m.h.length, 2, "flags");
+	m = good(KVA__MSG_DEVMEM);
+	m.devmem.flags = KVA__DEVMEM_LEGACY;
+	refused(&m, m.h.length, 2, "DEVMEM of 2 chunks with 2 file descriptors");
+	m.devmem.first = 0;
+	refused(&m, m.h.length, 0, "legacy handle as chunks");
+	m.devmem.count = 1;
+	m.devmem.first = 1;
+	refused(&m, m.h.length, 0, "legacy handle as chunks");
 
 	m = good(KVA__MSG_SHUTDOWN);
 	m.shutdown.grace_ms = KVA__SHUTDOWN_MAX_MS + 1;
@@ -318,7 +374,64 @@ static void test_socket_refuses_long_messages_and_extra_fds(void **state)
 	assert_int_equal(nfds, 0);
 	for (int k = 0; k < KVA__MAX_FDS + 1; k++)
 		close(fds[k]);
-	assert_int_equal(kva__sock_send(sv[0], &m, fds, KVA__MAX_FDS + 1), -EINVAL);
+	close(sv[0]);
+	close(sv[1]);
+}
+
+/*
+ * A GPU arena's chunks: a message of SCM_MAX_FD fds crosses whole; one more
+ * fd is more than the kernel carries in one message (so the agent sends
+ * several), and than kva__sock_send takes.
+ */
+static void test_a_message_carries_scm_max_fd_fds_and_no_more(void **state)
+{
+	union kva__msg m = good(KVA__MSG_DEVMEM), out;
+	char buf[sizeof(union kva__msg)];
+	int sv[2], fds[KVA__SCM_MAX_FD + 1], got[KVA__SCM_MAX_FD], nfds, n;
+	struct msghdr msg = { 0 };
+	struct iovec iov;
+	union {
+		struct cmsghdr align;
+		char b[CMSG_SPACE(sizeof(int) * (KVA__SCM_MAX_FD + 1))];
+	} ctl;
+	struct cmsghdr *c;
+	struct stat a, b;
+
+	(void)state;
+	pair(sv);
+	for (int k = 0; k < KVA__SCM_MAX_FD + 1; k++)
+		assert_true((fds[k] = memfd_create("chunk", MFD_CLOEXEC)) >= 0);
+	m.devmem.count = KVA__SCM_MAX_FD;
+	assert_int_equal(kva__sock_send(sv[0], &m, fds, KVA__SCM_MAX_FD), 0);
+	n = kva__sock_recv_fds(sv[1], buf, sizeof(buf), got, KVA__SCM_MAX_FD, &nfds, 1000);
+	assert_int_equal(n, sizeof(struct kva__devmem));
+	assert_int_equal(nfds, KVA__SCM_MAX_FD);
+	assert_int_equal(kva__msg_decode(buf, (size_t)n, nfds, &out), 0);
+	assert_int_equal(fstat(fds[KVA__SCM_MAX_FD - 1], &a), 0);
+	assert_int_equal(fstat(got[KVA__SCM_MAX_FD - 1], &b), 0);
+	assert_int_equal(a.st_ino, b.st_ino);
+	for (int k = 0; k < nfds; k++)
+		close(got[k]);
+	/* the same message taken by the plain receive: too many fds, all closed */
+	assert_int_equal(kva__sock_send(sv[0], &m, fds, KVA__SCM_MAX_FD), 0);
+	assert_int_equal(kva__sock_recv(sv[1], buf, sizeof(buf), got, &nfds, 1000), -EPROTO);
+	assert_int_equal(nfds, 0);
+	/* one more: the kernel refuses it (scm_fp_copy), and so do we */
+	assert_int_equal(kva__sock_send(sv[0], &m, fds, KVA__SCM_MAX_FD + 1), -EINVAL);
+	iov = (struct iovec){ &m, m.h.length };
+	msg.msg_iov = &iov;
+	msg.msg_iovlen = 1;
+	msg.msg_control = ctl.b;
+	msg.msg_controllen = sizeof(ctl.b);
+	c = CMSG_FIRSTHDR(&msg);
+	c->cmsg_level = SOL_SOCKET;
+	c->cmsg_type = SCM_RIGHTS;
+	c->cmsg_len = CMSG_LEN(sizeof(fds));
+	memcpy(CMSG_DATA(c), fds, sizeof(fds));
+	assert_int_equal(sendmsg(sv[0], &msg, 0), -1);
+	assert_int_equal(errno, EINVAL);
+	for (int k = 0; k < KVA__SCM_MAX_FD + 1; k++)
+		close(fds[k]);
 	close(sv[0]);
 	close(sv[1]);
 }
@@ -350,6 +463,7 @@ int main(void)
 		cmocka_unit_test(test_strings_are_truncated_and_padded),
 		cmocka_unit_test(test_messages_and_fds_cross_a_socket),
 		cmocka_unit_test(test_socket_refuses_long_messages_and_extra_fds),
+		cmocka_unit_test(test_a_message_carries_scm_max_fd_fds_and_no_more),
 		cmocka_unit_test(test_socket_end_and_silence),
 	};
 

@@ -46,7 +46,7 @@ static void canonical(struct kva_arena *a, uint32_t id, uint8_t *out)
 {
 	struct kva__piece p;
 
-	for (uint32_t i = 0; kva__rec_piece_at(&a->info, id, i, &p); i++) {
+	for (uint32_t i = 0; kva__block_piece_at(&a->info, id, i, &p); i++) {
 		memcpy(out, a->data + p.off, p.len);
 		out += p.len;
 	}
@@ -56,7 +56,7 @@ static void fill(struct kva_arena *a, uint32_t id, uint64_t *seed)
 {
 	struct kva__piece p;
 
-	for (uint32_t i = 0; kva__rec_piece_at(&a->info, id, i, &p); i++)
+	for (uint32_t i = 0; kva__block_piece_at(&a->info, id, i, &p); i++)
 		for (uint64_t b = 0; b < p.len; b++)
 			a->data[p.off + b] = (uint8_t)tu_rand(seed);
 }

@@ -196,19 +196,30 @@ static uint64_t stamp_check(uint32_t id, uint32_t seq)
 	return XXH64(v, sizeof(v), 42);
 }
 
+static void unexpected(struct tu_work *t, const char *what, int ret)
+{
+	atomic_fetch_add(&t->board->unexpected, 1);
+	fprintf(stderr, "pid %d: %s: %s (%s)\n", (int)getpid(), what, strerror(-ret),
+		kva_errmsg());
+}
+
+/* through kva_block_write and kva_block_read: the workload runs on any
+ * arena, a GPU's included */
 static void stamp_write(struct tu_work *t, uint32_t id, uint32_t seq)
 {
 	struct stamp s = { id, seq, stamp_check(id, seq) };
 
-	memcpy(kva_block_data(t->w, id), &s, sizeof(s));
+	if (kva_block_write(t->w, id, 0, &s, sizeof(s)) < 0)
+		unexpected(t, "block write", -EIO);
 }
 
 /* Read a stamp; false if the block does not carry a whole one for @id. */
 static bool stamp_read(struct tu_work *t, uint32_t id, uint32_t *seq)
 {
-	struct stamp s;
+	struct stamp s = { 0 };
 
-	memcpy(&s, kva_block_data(t->w, id), sizeof(s));
+	if (kva_block_read(t->w, id, 0, &s, sizeof(s)) < 0)
+		unexpected(t, "block read", -EIO);
 	*seq = s.seq;
 	return s.id == id && s.check == stamp_check(id, s.seq);
 }
@@ -222,13 +233,6 @@ static void verify(struct tu_work *t, const struct tu_ref *r)
 		fprintf(stderr, "pid %d: block %u changed under a reference (seq %u, now %u)\n",
 			(int)getpid(), r->id, r->seq, seq);
 	}
-}
-
-static void unexpected(struct tu_work *t, const char *what, int ret)
-{
-	atomic_fetch_add(&t->board->unexpected, 1);
-	fprintf(stderr, "pid %d: %s: %s (%s)\n", (int)getpid(), what, strerror(-ret),
-		kva_errmsg());
 }
 
 void tu_work_init(struct tu_work *t, struct kva_worker *w, struct tu_board *b, uint32_t max_refs,

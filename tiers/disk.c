@@ -287,12 +287,16 @@ static uint64_t memlock_limit(void)
  * so the record's padding lands in the block's own). Layer-major: if every
  * page of a block is aligned in memory and whole sectors long, and so is
  * the padding after them (it lands in staging). Block 0 and 1 decide for
- * all: the offsets are linear in the block.
+ * all: the offsets are linear in the block. A GPU arena's blocks never: the
+ * disk reads into staging and the tier thread copies it up.
  */
 static bool pieces_aligned(const struct disk *d, const struct kva_arena_info *info)
 {
 	struct kva__piece p[1024];
 	uint32_t n;
+
+	if (info->backend == KVA_BACKEND_CUDA)
+		return false;
 
 	if (!d->direct || info->layout.block_stride)
 		return true;

@@ -50,6 +50,13 @@
  *             the block before DONE. Killed mid-read: the requester times out
  *             or sees the agent gone and cancels; its block is freed by
  *             whoever holds it last
+ * On a GPU arena the tier thread copies blocks with the driver, on a stream
+ * of its own, between device memory and host memory it pinned (the host
+ * tier, the disk's staging): down with cuMemcpyDtoHAsync, then the hash on
+ * the host copy; up only after the record's bytes hashed right, with
+ * cuMemcpyHtoDAsync, waited for before DONE. Disk reads always land in
+ * staging. Its workers get no host tier mapping: every fetch comes here.
+ *
  * Nothing is believed from shared memory: request fields are checked
  * against the arena and our own record table, descriptors by CAS, and a
  * location read from an index entry is only ever a hint that the record's
@@ -73,6 +80,7 @@
 #include <time.h>
 #include <unistd.h>
 
+#include "devmem_pvt.h"
 #include "tiers_pvt.h"
 
 #define BACK_BUDGET (32ull << 20)   /* bytes copied to the host tier per round */
@@ -523,6 +531,31 @@ static void fetch_disk(struct tiers *t, struct disk_op *op, uint32_t i)
 }
 
 /*
+ * put_failed - a GPU arena's block could not be filled from record @r of
+ * tier @k (-1: the record is no longer named; nothing to drop): its bytes
+ * did not hash to its header (-EBADMSG: the record is dropped), or the
+ * device copy failed (-EIO). The block is let go of and the request fails.
+ */
+static void put_failed(struct tiers *t, int k, uint32_t r, uint32_t dest, uint32_t slot,
+		       uint32_t item, uint32_t ticket, int err)
+{
+	if (err == -EBADMSG && k >= 0) {
+		t->t[k].verify_failed++;
+		tier_log(TLOG_ERR, "%s tier: record %u did not verify (its data's checksum): "
+			 "dropped, a miss", k == HOST ? "host" : "disk", r);
+		drop(t, k, r);
+	} else if (err != -EBADMSG) {
+		t->dev_errors++;
+		tier_log(TLOG_ERR, "fetch: the GPU copy into block %u failed: %s", dest,
+			 kva_errmsg());
+	}
+	t->view_now = true;
+	release(t, dest);
+	item_finish(t, slot, item, ticket, false, err == -EBADMSG ? KVA__FR_VERIFY : KVA__FR_IO, 0,
+		    0);
+}
+
+/*
  * serve - one request, taken (BUSY with @ticket) from slot @slot's item @i,
  * finished here (DONE or FAILED) or handed to a disk read. The caller made
  * sure of a free disk operation for a disk location; a request forwarded to
@@ -614,7 +647,17 @@ static void serve(struct tiers *t, uint32_t slot, uint32_t i, uint32_t ticket)
 			item_finish(t, slot, i, ticket, false, KVA__FR_VERIFY, 0, 0);
 			return;
 		}
-		kva__rec_put(t->a, dest, src + TIER_HDR_BYTES);
+		if (t->q) {
+			int err = kva__rec_put_dev(t->a, t->q, dest, src + TIER_HDR_BYTES,
+						   h.data_hash);
+
+			if (err < 0) {
+				put_failed(t, HOST, r, dest, slot, i, ticket, err);
+				return;
+			}
+		} else {
+			kva__rec_put(t->a, dest, src + TIER_HDR_BYTES);
+		}
 		tr->rec[r].ref = 1;
 		tr->hits++;
 		tr->bytes_out += t->info->layout.block_bytes;
@@ -762,10 +805,11 @@ static bool back_one(struct tiers *t, uint32_t id)
 {
 	struct kva_arena *a = t->a;
 	struct tier *tr = &t->t[HOST];
-	uint64_t epoch, key[2], cur;
+	uint64_t epoch, key[2], cur, hash;
 	uint32_t i;
 	uint8_t *dst;
 	struct kva__rec_hdr h, *hp;
+	int err;
 
 	if (!kva__hold_published(t->self, id, &epoch)) {
 		t->back_skipped++; /* evicted (or never published) before we came */
@@ -802,8 +846,21 @@ static bool back_one(struct tiers *t, uint32_t id)
 	hp = (struct kva__rec_hdr *)dst;
 	atomic_store_explicit(&hp->magic, 0, memory_order_relaxed);
 	atomic_thread_fence(memory_order_release);
-	kva__rec_hdr_fill(&h, t->fp, key, t->info->layout.block_bytes,
-			  kva__rec_gather(a, id, dst + TIER_HDR_BYTES), ++t->seq);
+	if (!t->q) {
+		hash = kva__rec_gather(a, id, dst + TIER_HDR_BYTES);
+	} else if ((err = kva__rec_gather_dev(a, t->q, id, dst + TIER_HDR_BYTES, &hash)) < 0) {
+		/* no copy: the record stays free (its magic is 0), the block
+		 * is evicted without one if it comes to that */
+		t->dev_errors++;
+		t->view_now = true;
+		tier_log(TLOG_ERR, "host tier: the GPU copy of block %u failed: %s", id,
+			 kva_errmsg());
+		rec_free(t, HOST, i);
+		release(t, id);
+		t->back_skipped++;
+		return true;
+	}
+	kva__rec_hdr_fill(&h, t->fp, key, t->info->layout.block_bytes, hash, ++t->seq);
 	memcpy(dst + sizeof(hp->magic), (const uint8_t *)&h + sizeof(h.magic),
 	       sizeof(h) - sizeof(h.magic));
 	atomic_store_explicit(&hp->magic, KVA__REC_MAGIC, memory_order_release);
@@ -1209,8 +1266,20 @@ static void fetch_done(struct tiers *t, struct disk_op *op, int res)
 		item_finish(t, op->slot, op->item, op->ticket, false, KVA__FR_VERIFY, 0, 0);
 		return;
 	}
-	if (op->staged)
+	if (op->staged && t->q) {
+		int err = kva__rec_put_dev(t->a, t->q, op->dest, op_rec(t, op) + TIER_HDR_BYTES,
+					   h.data_hash);
+
+		if (err < 0) {
+			bool named = rec_is(t, DISK, op->rec, kva__loc_gen(op->loc), op->key);
+
+			put_failed(t, named ? DISK : -1, op->rec, op->dest, op->slot, op->item,
+				   op->ticket, err);
+			return;
+		}
+	} else if (op->staged) {
 		kva__rec_put(t->a, op->dest, op_rec(t, op) + TIER_HDR_BYTES);
+	}
 	dt->rec[op->rec].ref = 1;
 	dt->hits++;
 	dt->bytes_out += info->layout.block_bytes;
@@ -1527,6 +1596,37 @@ static int tier_init(struct tier *tr, uint64_t n, uint64_t record_bytes, bool ri
 	return 0;
 }
 
+/*
+ * A GPU arena: the host memory the copies go to and from pinned (a pinned
+ * buffer is copied by the GPU's DMA engines directly; pageable memory goes
+ * through a staging copy in the driver), and a stream of the tier thread's.
+ */
+static int gpu_start(struct tiers *t, char *err, size_t errlen)
+{
+	int ret;
+
+	if ((ret = kva__dev_host_register(t->a->dev, t->host.base, t->host.bytes)) < 0) {
+		snprintf(err, errlen, "host tier: pinning %.1f MiB for the GPU's copies: %s",
+			 (double)t->host.bytes / (1 << 20), kva_errmsg());
+		return ret;
+	}
+	t->host_pinned = true;
+	if (t->disk.staging) {
+		if ((ret = kva__dev_host_register(t->a->dev, t->disk.staging,
+						  t->disk.staging_bytes)) < 0) {
+			snprintf(err, errlen, "disk tier: pinning its staging for the GPU's copies: "
+				 "%s", kva_errmsg());
+			return ret;
+		}
+		t->staging_pinned = true;
+	}
+	if ((ret = kva__dev_queue_open(t->a->dev, &t->q)) < 0) {
+		snprintf(err, errlen, "tiers: a stream for the GPU's copies: %s", kva_errmsg());
+		return ret;
+	}
+	return 0;
+}
+
 int tiers_start(const struct tier_config *c, struct kva_arena *a, struct kva_worker *self,
 		struct tiers **out, char *err, size_t errlen)
 {
@@ -1580,6 +1680,8 @@ int tiers_start(const struct tier_config *c, struct kva_arena *a, struct kva_wor
 			tier_log(TLOG_WARN, "TEST FAULT INJECTION ACTIVE (KVA_TIER_INJECT=%s): the "
 				 "disk tier fails on purpose", c->inject);
 	}
+	if (a->dev && (ret = gpu_start(t, err, errlen)) < 0)
+		goto fail;
 	t->doorbell = eventfd(0, EFD_CLOEXEC | EFD_NONBLOCK);
 	t->ep = epoll_create1(EPOLL_CLOEXEC);
 	t->tfd = timerfd_create(CLOCK_MONOTONIC, TFD_CLOEXEC | TFD_NONBLOCK);
@@ -1646,6 +1748,13 @@ void tiers_stop(struct tiers *t)
 		}
 		pthread_join(t->thread, NULL);
 	}
+	/* the stream drained and closed, the pinning undone, before the
+	 * memory it pinned goes */
+	kva__dev_queue_close(t->q);
+	if (t->staging_pinned)
+		kva__dev_host_unregister(t->a->dev, t->disk.staging);
+	if (t->host_pinned)
+		kva__dev_host_unregister(t->a->dev, t->host.base);
 	disk_close(&t->disk);
 	host_mem_destroy(&t->host);
 	for (int k = 0; k < KVA_TIERS; k++)

@@ -175,6 +175,11 @@ struct tiers {
 	bool fetch_blocked;          /* requests wait for a free disk operation */
 	uint64_t wake;               /* slots whose requests finished this round */
 	bool probe_inflight;         /* the one write a degraded disk tier tries */
+	/* a GPU arena: the tier thread's stream for its copies, and the host
+	 * memory pinned for them (the host tier, the disk's staging) */
+	struct kva__dev_queue *q;
+	bool host_pinned, staging_pinned;
+	uint64_t dev_errors;         /* device copies that failed */
 };
 
 void tier_log(int level, const char *fmt, ...) __attribute__((format(printf, 2, 3)));

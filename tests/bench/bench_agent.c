@@ -18,6 +18,14 @@
  * falls on both alike (attach_rounds). connect_only is the floor: no attach
  * can cost less than reaching the agent.
  *
+ * attach --backend cuda: the same against an agent whose arena is on a GPU
+ * (over tests/cudastub's driver stand-in where there is no GPU: put it first
+ * on LD_LIBRARY_PATH; the lines say "driver": "stand-in"), and one more line
+ * with the parts of each attach (kva_worker_attach_times): where a GPU
+ * attach spends its time is in the driver's import and map of each chunk.
+ * With no driver at all, one line says "no device" and why, and the run
+ * exits 0.
+ *
  * reclaim-agent: this process holds a kva_observe() mapping. Each repetition
  * forks a victim that attaches, takes `hold` blocks (in batches of
  * VICTIM_BATCH, keeping the arena's default worker cache), tells this process
@@ -30,8 +38,19 @@
  *
  *   bench           "attach" or "reclaim-agent"
  *   mode            attach: "connect_only", "attach" (kva_attach alone),
- *                   "attach_detach" (kva_attach + kva_detach);
+ *                   "attach_detach" (kva_attach + kva_detach), "parts" (the
+ *                   medians of kva_attach's parts, below);
  *                   reclaim-agent: "sigkill"
+ *   backend         attach: "host" or "cuda"
+ *   device, driver  attach --backend cuda: the GPU's name, and "cuda" or
+ *                   "stand-in" (the project's driver stand-in: host memory)
+ *   chunks, chunk_bytes, ipc   attach --backend cuda: how the region is cut
+ *                   and shared ("fd" or "legacy")
+ *   status, reason  attach --backend cuda with no driver: "no device", and why
+ *   connect_us, welcome_us, meta_us, driver_us, reserve_us, recv_us,
+ *   import_us, map_us, access_us, adopt_us, total_us   attach "parts":
+ *                   medians over the measured attaches of struct
+ *                   kva_attach_times's fields; messages: chunk messages
  *   samples         rounds (attach) or repetitions (reclaim-agent) measured
  *   blocks          the arena's size, as the agent was started with
  *   median_us, p99_us, max_us   attach: microseconds per round; the p99 is
@@ -63,6 +82,7 @@
 #include <getopt.h>
 #include <math.h>
 #include <sched.h>
+#include <stddef.h>
 #include <signal.h>
 #include <stdarg.h>
 #include <stdio.h>
@@ -402,7 +422,8 @@ static int connect_once(const struct sockaddr_un *sa, double *us)
 	return ret;
 }
 
-static int attach_once(const char *socket_path, double *attach_us, double *round_us)
+static int attach_once(const char *socket_path, double *attach_us, double *round_us,
+		       struct kva_attach_times *parts)
 {
 	struct kva_worker *w = NULL;
 	uint64_t t0, t1;
@@ -413,6 +434,8 @@ static int attach_once(const char *socket_path, double *attach_us, double *round
 	t1 = bench_now_ns();
 	if (ret < 0)
 		return ret;
+	if (parts)
+		kva_worker_attach_times(w, parts);
 	kva_detach(w);
 	*attach_us = (double)(t1 - t0) / 1e3;
 	*round_us = (double)(bench_now_ns() - t0) / 1e3;
@@ -421,6 +444,7 @@ static int attach_once(const char *socket_path, double *attach_us, double *round
 
 struct attach_samples {
 	double *connect_us, *attach_us, *round_us;
+	struct kva_attach_times *parts;
 };
 
 /*
@@ -442,16 +466,17 @@ static int attach_rounds(const struct bench_agent *ap, unsigned n, struct attach
 	/* unmeasured: page faults, lazy binding, the agent's first allocations */
 	for (unsigned k = 0; k < ATTACH_WARMUP && ret == 0; k++)
 		if ((ret = connect_once(&sa, &scratch[0])) == 0)
-			ret = attach_once(ap->socket, &scratch[1], &scratch[2]);
+			ret = attach_once(ap->socket, &scratch[1], &scratch[2], NULL);
 	for (unsigned turn = 0; turn < n && ret == 0; turn += ATTACH_TURN) {
 		unsigned end = n - turn < ATTACH_TURN ? n : turn + ATTACH_TURN;
 
 		for (unsigned k = turn; k < end && ret == 0; k++)
 			ret = connect_once(&sa, &s->connect_us[k]);
 		if (ret == 0)
-			ret = attach_once(ap->socket, &scratch[1], &scratch[2]);
+			ret = attach_once(ap->socket, &scratch[1], &scratch[2], NULL);
 		for (unsigned k = turn; k < end && ret == 0; k++)
-			ret = attach_once(ap->socket, &s->attach_us[k], &s->round_us[k]);
+			ret = attach_once(ap->socket, &s->attach_us[k], &s->round_us[k],
+					  &s->parts[k]);
 	}
 	if (ret < 0)
 		fprintf(stderr, "attach: %s (%s)\n", strerror(-ret), kva_errmsg());
@@ -476,14 +501,37 @@ static int arena_all_free(struct kva_arena *a, const char *who, const char *when
 	return 0;
 }
 
+/* what every attach line says of the arena's home */
+struct attach_where {
+	const char *backend;     /* "host", "cuda" */
+	char device[64];         /* cuda: the GPU's name, printable */
+	const char *driver;      /* cuda: "cuda" or "stand-in" */
+	const struct kva_arena_info *info;
+};
+
+static void where_fields(struct bench_line *l, const struct attach_where *w)
+{
+	bench_line_str(l, "backend", w->backend);
+	if (strcmp(w->backend, "cuda"))
+		return;
+	bench_line_str(l, "device", w->device);
+	bench_line_str(l, "driver", w->driver);
+	if (w->info) {
+		bench_line_num(l, "chunks", w->info->chunks, 0);
+		bench_line_num(l, "chunk_bytes", (double)w->info->chunk_bytes, 0);
+		bench_line_str(l, "ipc", w->info->ipc == KVA_IPC_FD ? "fd" : "legacy");
+	}
+}
+
 static int attach_print(const char *mode, unsigned n, uint32_t blocks, struct spread s,
-			double target, double connect_median)
+			double target, double connect_median, const struct attach_where *w)
 {
 	struct bench_line l;
 
 	bench_line_begin(&l, "attach", mode);
 	bench_line_num(&l, "samples", n, 0);
 	bench_line_num(&l, "blocks", blocks, 0);
+	where_fields(&l, w);
 	bench_line_num(&l, "median_us", s.median, 2);
 	bench_line_num(&l, "p99_us", s.p99, 2);
 	bench_line_num(&l, "max_us", s.max, 2);
@@ -491,6 +539,46 @@ static int attach_print(const char *mode, unsigned n, uint32_t blocks, struct sp
 		bench_line_num(&l, "target_median_us", target, 0);
 		bench_line_num(&l, "ratio_vs_connect", s.median / connect_median, 2);
 	}
+	return bench_line_print(&l);
+}
+
+/* the medians of kva_attach's parts over @n attaches */
+static int parts_print(const struct kva_attach_times *p, unsigned n, uint32_t blocks,
+		       const struct attach_where *w)
+{
+	static const struct {
+		const char *key;
+		size_t off;
+	} parts[] = {
+#define P(f) { #f, offsetof(struct kva_attach_times, f) }
+		P(connect_ns), P(welcome_ns), P(meta_ns), P(driver_ns), P(reserve_ns),
+		P(recv_ns), P(import_ns), P(map_ns), P(access_ns), P(adopt_ns), P(total_ns),
+#undef P
+	};
+	double *v = calloc(n, sizeof(double));
+	struct bench_line l;
+
+	if (!v)
+		return -ENOMEM;
+	bench_line_begin(&l, "attach", "parts");
+	bench_line_num(&l, "samples", n, 0);
+	bench_line_num(&l, "blocks", blocks, 0);
+	where_fields(&l, w);
+	for (size_t k = 0; k < sizeof(parts) / sizeof(parts[0]); k++) {
+		char key[32];
+
+		for (unsigned i = 0; i < n; i++) {
+			uint64_t ns;
+
+			memcpy(&ns, (const char *)&p[i] + parts[k].off, sizeof(ns));
+			v[i] = (double)ns / 1e3;
+		}
+		/* "connect_ns" -> "connect_us" */
+		snprintf(key, sizeof(key), "%.*sus", (int)strlen(parts[k].key) - 2, parts[k].key);
+		bench_line_num(&l, key, bench_median(v, n), 2);
+	}
+	bench_line_num(&l, "messages", p[n - 1].messages, 0);
+	free(v);
 	return bench_line_print(&l);
 }
 
@@ -508,13 +596,18 @@ struct agent_opts {
 	const char *agent;
 	uint32_t samples, blocks, hold;
 	bool quick;
+	const char *backend;      /* attach: "host" or "cuda" */
+	const char *chunk_bytes;  /* attach --backend cuda: passed to the agent */
+	const char *ipc;
 };
 
 static const struct agent_cmd attach_cmd = {
 	.name = "attach", .samples = 500, .samples_quick = 50, .blocks = 4096,
 	.text = "Cost of kva_attach() and of kva_attach() + kva_detach() against a real\n"
 		"kvarena-agent this program starts, next to a bare socket()+connect()+close()\n"
-		"to the same socket, taking turns. One JSON line per mode.\n",
+		"to the same socket, taking turns, and the attach's parts. One JSON line per\n"
+		"mode. --backend cuda: the arena on a GPU (the driver stand-in of the tests,\n"
+		"tests/cudastub, where LD_LIBRARY_PATH puts it first).\n",
 };
 
 static const struct agent_cmd reclaim_cmd = {
@@ -535,6 +628,10 @@ static void usage(const struct agent_cmd *c, FILE *f)
 	fprintf(f, "  --blocks N        arena size given to the agent (default %u)\n", c->blocks);
 	if (c->takes_hold)
 		fprintf(f, "  --hold N          blocks the killed worker holds (default 50000)\n");
+	else
+		fprintf(f, "  --backend B       host (default) or cuda: where the agent's arena is\n"
+			   "  --chunk-bytes S   cuda: the agent's --chunk-bytes (default its own)\n"
+			   "  --ipc M           cuda: the agent's --ipc (auto, fd, legacy)\n");
 	fprintf(f, "  --quick           %u %s, for the test suite\n"
 		   "  --help            this text\n",
 		c->samples_quick, c->takes_hold ? "repetitions" : "rounds");
@@ -563,6 +660,9 @@ static int parse(const struct agent_cmd *c, int argc, char **argv, struct agent_
 		{ "samples", required_argument, NULL, 'n' },
 		{ "blocks", required_argument, NULL, 'b' },
 		{ "hold", required_argument, NULL, 'H' },
+		{ "backend", required_argument, NULL, 'B' },
+		{ "chunk-bytes", required_argument, NULL, 'C' },
+		{ "ipc", required_argument, NULL, 'I' },
 		{ "quick", no_argument, NULL, 'q' },
 		{ "help", no_argument, NULL, 'h' },
 		{ NULL, 0, NULL, 0 },
@@ -570,7 +670,8 @@ static int parse(const struct agent_cmd *c, int argc, char **argv, struct agent_
 	uint32_t samples = 0;
 	int ch;
 
-	*o = (struct agent_opts){ .agent = KVA_BENCH_AGENT, .blocks = c->blocks, .hold = 50000 };
+	*o = (struct agent_opts){ .agent = KVA_BENCH_AGENT, .blocks = c->blocks, .hold = 50000,
+				  .backend = "host" };
 	opterr = 0;
 	optind = 1;
 	while ((ch = getopt_long(argc, argv, ":h", longopts, NULL)) != -1) {
@@ -594,6 +695,17 @@ static int parse(const struct agent_cmd *c, int argc, char **argv, struct agent_
 			if (bench_parse_u32(optarg, 1, 1u << 26, &o->hold) < 0)
 				return usage_error(c, "--hold '%s': 1 to 67108864", optarg);
 			break;
+		case 'B':
+			if (c->takes_hold || (strcmp(optarg, "host") && strcmp(optarg, "cuda")))
+				return usage_error(c, "--backend '%s': host or cuda", optarg);
+			o->backend = optarg;
+			break;
+		case 'C':
+		case 'I':
+			if (c->takes_hold)
+				return usage_error(c, "unknown option '%s'", argv[optind - 1]);
+			*(ch == 'C' ? &o->chunk_bytes : &o->ipc) = optarg;
+			break;
 		case 'q':
 			o->quick = true;
 			break;
@@ -607,6 +719,8 @@ static int parse(const struct agent_cmd *c, int argc, char **argv, struct agent_
 	}
 	if (optind < argc)
 		return usage_error(c, "unexpected argument '%s'", argv[optind]);
+	if ((o->chunk_bytes || o->ipc) && strcmp(o->backend, "cuda"))
+		return usage_error(c, "--chunk-bytes and --ipc are for --backend cuda");
 	o->samples = samples ? samples : o->quick ? c->samples_quick : c->samples;
 	if (c->takes_hold && o->hold >= o->blocks)
 		return usage_error(c, "--hold %u: must be fewer than the arena's %u blocks",
@@ -626,30 +740,89 @@ static int parse_or_exit(const struct agent_cmd *c, int argc, char **argv, struc
 	return ret > 0 ? 0 : ret < 0 ? 2 : 0;
 }
 
+/*
+ * The GPU the agent will use, as this process's driver sees it. No driver:
+ * one line that says so, and 1 (nothing to measure, not a failure).
+ */
+static int attach_device(struct attach_where *w)
+{
+	static const char stand_in[] = "kvarena CUDA driver stand-in";
+	struct kva_cuda_device d;
+	struct bench_line l;
+
+	if (kva_cuda_device_query(NULL, &d) < 0) {
+		char reason[200];
+
+		snprintf(reason, sizeof(reason), "%s", kva_errmsg());
+		for (char *c = reason; *c; c++)
+			if (*c == '"' || *c == '\\' || (unsigned char)*c < 0x20)
+				*c = '\'';
+		bench_line_begin(&l, "attach", "attach");
+		bench_line_str(&l, "backend", "cuda");
+		bench_line_str(&l, "status", "no device");
+		bench_line_str(&l, "reason", reason);
+		bench_line_print(&l);
+		fprintf(stderr, "attach: no GPU: %s\n", reason);
+		return 1;
+	}
+	snprintf(w->device, sizeof(w->device), "%s", d.name);
+	for (char *c = w->device; *c; c++)
+		if (*c == '"' || *c == '\\' || (unsigned char)*c < 0x20)
+			*c = '\'';
+	w->driver = strncmp(d.name, stand_in, sizeof(stand_in) - 1) ? "cuda" : "stand-in";
+	fprintf(stderr, "attach: GPU %s (%s), driver %s\n", d.name, d.uuid, w->driver);
+	return 0;
+}
+
 int bench_attach_main(int argc, char **argv)
 {
 	struct bench_agent ap = { .who = "attach" };
 	struct attach_samples s = { 0 };
 	struct kva_arena *observer = NULL;
 	struct spread connect, attach, round;
+	struct attach_where where = { .backend = "host" };
+	struct kva_arena_info info;
 	struct agent_opts o;
 	const char *why = NULL; /* when strerror would not say it */
+	const char *extra[12];
+	char blocks_arg[16];
+	unsigned n = 0;
 	bool go;
 	int ret = parse_or_exit(&attach_cmd, argc, argv, &o, &go);
 
 	if (!go)
 		return ret;
+	where.backend = o.backend;
+	if (!strcmp(o.backend, "cuda") && attach_device(&where) > 0)
+		return 0;
+	snprintf(blocks_arg, sizeof(blocks_arg), "%u", o.blocks);
+	extra[n++] = "--blocks";
+	extra[n++] = blocks_arg;
+	extra[n++] = "--backend";
+	extra[n++] = o.backend;
+	if (o.chunk_bytes) {
+		extra[n++] = "--chunk-bytes";
+		extra[n++] = o.chunk_bytes;
+	}
+	if (o.ipc) {
+		extra[n++] = "--ipc";
+		extra[n++] = o.ipc;
+	}
+	extra[n] = NULL;
 	s.connect_us = calloc(o.samples, sizeof(double));
 	s.attach_us = calloc(o.samples, sizeof(double));
 	s.round_us = calloc(o.samples, sizeof(double));
-	if (!s.connect_us || !s.attach_us || !s.round_us) {
+	s.parts = calloc(o.samples, sizeof(*s.parts));
+	if (!s.connect_us || !s.attach_us || !s.round_us || !s.parts) {
 		ret = -ENOMEM;
 		goto out;
 	}
-	if ((ret = agent_start(o.agent, o.blocks, &ap, &observer)) < 0) {
+	if ((ret = bench_agent_start(o.agent, extra, &ap, &observer)) < 0) {
 		why = "no agent to measure";
 		goto out;
 	}
+	info = *kva_arena_info(observer);
+	where.info = &info;
 	fprintf(stderr, "attach: %u warm-up rounds, then %u measured\n", ATTACH_WARMUP, o.samples);
 	if ((ret = attach_rounds(&ap, o.samples, &s)) == 0)
 		ret = arena_all_free(observer, "attach", "after every worker detached");
@@ -662,15 +835,17 @@ int bench_attach_main(int argc, char **argv)
 	round = spread_of(s.round_us, o.samples);
 	fprintf(stderr, "attach: median %.1f us connect, %.1f us attach, %.1f us attach+detach\n",
 		connect.median, attach.median, round.median);
-	if ((ret = attach_print("connect_only", o.samples, o.blocks, connect, 0, 0)) == 0 &&
+	if ((ret = attach_print("connect_only", o.samples, o.blocks, connect, 0, 0, &where)) == 0 &&
 	    (ret = attach_print("attach", o.samples, o.blocks, attach, TARGET_ATTACH_MEDIAN_US,
-				connect.median)) == 0)
-		ret = attach_print("attach_detach", o.samples, o.blocks, round,
-				   TARGET_ATTACH_MEDIAN_US, connect.median);
+				connect.median, &where)) == 0 &&
+	    (ret = attach_print("attach_detach", o.samples, o.blocks, round,
+				TARGET_ATTACH_MEDIAN_US, connect.median, &where)) == 0)
+		ret = parts_print(s.parts, o.samples, o.blocks, &where);
 out:
 	free(s.connect_us);
 	free(s.attach_us);
 	free(s.round_us);
+	free(s.parts);
 	if (ret < 0)
 		fprintf(stderr, "kvarena-bench attach: failed: %s\n", why ? why : strerror(-ret));
 	return ret < 0 ? 1 : 0;

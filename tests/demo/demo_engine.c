@@ -132,8 +132,12 @@ struct engine {
 	uint64_t count[C_N];              /* private totals, published per step */
 	unsigned errors_shown;
 
-	uint64_t block_bytes, head_stride, token_stride;
+	uint64_t block_bytes, page_bytes, head_stride, token_stride;
 	uint32_t layers, kv_heads;
+	/* a block's worth of host memory: block bytes go through
+	 * kva_block_read / kva_block_write, so the demo runs on a GPU arena
+	 * as on host memory (the CPU never touches device memory) */
+	uint8_t *scratch;
 
 	uint32_t prompt_ids[PROMPT_BLOCKS];
 	uint64_t prompt_sum[PROMPT_BLOCKS];
@@ -173,15 +177,19 @@ static void engine_publish(struct engine *e)
 static void stamp_write(struct engine *e, uint32_t id, uint64_t tag)
 {
 	struct stamp s = { tag, id, stamp_check(tag, id) };
+	int ret = kva_block_write(e->w, id, 0, &s, sizeof(s));
 
-	memcpy(kva_block_data(e->w, id), &s, sizeof(s));
+	if (ret < 0)
+		engine_error(e, C_API_ERRORS, "kva_block_write(%u): %s", id, kva_errmsg());
 }
 
 static bool stamp_ok(struct engine *e, uint32_t id, uint64_t tag)
 {
-	struct stamp s;
+	struct stamp s = { 0 };
+	int ret = kva_block_read(e->w, id, 0, &s, sizeof(s));
 
-	memcpy(&s, kva_block_data(e->w, id), sizeof(s));
+	if (ret < 0)
+		engine_error(e, C_API_ERRORS, "kva_block_read(%u): %s", id, kva_errmsg());
 	return s.tag == tag && s.id == id && s.check == stamp_check(tag, id);
 }
 
@@ -192,39 +200,37 @@ static bool stamp_ok(struct engine *e, uint32_t id, uint64_t tag)
  */
 static void verify_prompt_block(struct engine *e, uint32_t k)
 {
-	const uint64_t *p = kva_block_data(e->w, e->prompt_ids[k]);
-
-	if (checksum_words(p, e->block_bytes / 8) != e->prompt_sum[k])
+	if (kva_block_read(e->w, e->prompt_ids[k], 0, e->scratch, e->block_bytes) < 0)
+		engine_error(e, C_API_ERRORS, "kva_block_read(%u): %s", e->prompt_ids[k],
+			     kva_errmsg());
+	else if (checksum_words((const uint64_t *)e->scratch, e->block_bytes / 8) != e->prompt_sum[k])
 		engine_error(e, C_DATA_ERRORS, "system prompt block %u (id %u): checksum mismatch",
 			     k, e->prompt_ids[k]);
 }
 
 /*
  * kv_store_token - write the K and V of one decoded token into its slot of
- * block @id, through the per-layer views a decode kernel would use. The
- * caller restamps the block after slot 0, whose first row holds the stamp.
+ * block @id, where a decode kernel reads them (each layer's K page, then its
+ * V page, [kv_head][token][head_dim] in each). The caller restamps the
+ * block after slot 0, whose first row holds the stamp.
  */
 static void kv_store_token(struct engine *e, uint32_t id, uint32_t slot, uint64_t tag,
 			   uint32_t pos)
 {
-	for (uint32_t l = 0; l < e->layers; l++) {
-		uint8_t *k, *v;
-		void *kp, *vp;
+	for (uint32_t l = 0; l < e->layers; l++)
+		for (uint32_t h = 0; h < e->kv_heads; h++)
+			for (uint32_t kv = 0; kv < 2; kv++) {
+				uint64_t off = (2ull * l + kv) * e->page_bytes + h * e->head_stride +
+					       slot * e->token_stride;
+				int byte = (int)((tag + pos * 7u + l * 3u + h) & 0xff);
 
-		if (kva_block_kv(e->w, id, l, &kp, &vp) < 0) {
-			engine_error(e, C_API_ERRORS, "kva_block_kv(%u, layer %u) failed", id, l);
-			return;
-		}
-		k = kp;
-		v = vp;
-		for (uint32_t h = 0; h < e->kv_heads; h++) {
-			uint64_t off = h * e->head_stride + slot * e->token_stride;
-			int byte = (int)((tag + pos * 7u + l * 3u + h) & 0xff);
-
-			memset(k + off, byte, e->token_stride);
-			memset(v + off, byte ^ 0x5a, e->token_stride);
-		}
-	}
+				memset(e->scratch, kv ? byte ^ 0x5a : byte, e->token_stride);
+				if (kva_block_write(e->w, id, off, e->scratch, e->token_stride) < 0) {
+					engine_error(e, C_API_ERRORS, "kva_block_write(%u, layer %u): %s",
+						     id, l, kva_errmsg());
+					return;
+				}
+			}
 }
 
 /* drop_refs - kva_free() that cannot fail unless the arena or this program is wrong */
@@ -317,8 +323,10 @@ static void seq_fork(struct engine *e, struct seq *p)
 				drop_refs(e, p->ids, full);
 			return;
 		}
-		memcpy(kva_block_data(e->w, c->ids[full]), kva_block_data(e->w, p->ids[full]),
-		       e->block_bytes);
+		if (kva_block_read(e->w, p->ids[full], 0, e->scratch, e->block_bytes) < 0 ||
+		    kva_block_write(e->w, c->ids[full], 0, e->scratch, e->block_bytes) < 0)
+			engine_error(e, C_API_ERRORS, "copying block %u: %s", p->ids[full],
+				     kva_errmsg());
 		stamp_write(e, c->ids[full], c->tag);
 		c->tags[full] = c->tag;
 		e->count[C_BLOCKS]++;
@@ -520,6 +528,10 @@ _Noreturn void demo_engine_main(const char *socket, struct kva_arena *inherited,
 	e->rng = seed ^ mix64(index + 1);
 	e->next_tag = (uint64_t)(index + 1) << 48;
 	e->block_bytes = info->layout.block_bytes;
+	e->page_bytes = info->layout.page_bytes;
+	e->scratch = malloc(e->block_bytes);
+	if (!e->scratch)
+		_exit(1);
 	e->head_stride = info->layout.head_stride;
 	e->token_stride = info->layout.token_stride;
 	e->layers = info->geometry.layers;

@@ -407,11 +407,23 @@ static int prompt_publish(struct demo *d)
 			PROMPT_BLOCKS, strerror(-ret), kva_errmsg());
 		return ret;
 	}
-	for (uint32_t k = 0; k < PROMPT_BLOCKS; k++) {
-		uint64_t *p = kva_block_data(d->prompt_holder, d->prompt_ids[k]);
+	/* through kva_block_write: on a GPU arena the CPU must not touch the blocks */
+	{
+		uint64_t *p = malloc(words * sizeof(uint64_t));
 
-		for (size_t j = 0; j < words; j++)
-			p[j] = prompt_word(d->opt.seed, k, j);
+		for (uint32_t k = 0; p && k < PROMPT_BLOCKS; k++) {
+			for (size_t j = 0; j < words; j++)
+				p[j] = prompt_word(d->opt.seed, k, j);
+			if ((ret = kva_block_write(d->prompt_holder, d->prompt_ids[k], 0, p,
+						   words * sizeof(uint64_t))) < 0)
+				break;
+		}
+		free(p);
+		if (!p || ret < 0) {
+			fprintf(stderr, "kvarena-demo: writing the system prompt: %s\n",
+				p ? kva_errmsg() : "out of memory");
+			return p ? ret : -ENOMEM;
+		}
 	}
 	/* shared: two references of ours; the engines can now take theirs. Then
 	 * one is dropped, so the run ends by freeing exactly one. */
