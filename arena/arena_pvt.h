@@ -191,7 +191,8 @@ struct kva__pool {
 		_Atomic uint64_t last_repair[16];       /* 127 bytes and a NUL */
 		_Atomic uint64_t pending;               /* reclaims waiting to be retried */
 		_Atomic uint64_t slot[KVA_MAX_WORKERS][2]; /* kva__view_slot_word() */
-		_Atomic uint64_t dev_free, dev_total;   /* a GPU arena: cuMemGetInfo */
+		/* a GPU arena: cuMemGetInfo, rewritten once a second */
+		_Atomic uint64_t dev_free, dev_total;
 	} view;
 	/*
 	 * The tiers below the arena (tiers/). tiers: KVA__TIERS_* bits, written

@@ -858,7 +858,13 @@ int kva__dev_write(struct kva__dev *d, uint64_t off, const void *src, uint64_t l
 
 	if ((ret = in_region(d, off, len)) < 0 || (ret = enter(d)) < 0)
 		return ret;
+	/* from pageable memory the copy returns once the bytes are staged,
+	 * before the DMA lands (the driver API's synchronization rules): a
+	 * block published next must be whole for a reader in another process,
+	 * so the legacy stream the copy went on is waited for */
 	r = drv.memcpy_htod(d->base + off, src, len);
+	if (r == CU_SUCCESS)
+		r = drv.stream_synchronize(NULL);
 	leave();
 	return r == CU_SUCCESS ? 0 : cu_fail(r, "cuMemcpyHtoD of %llu bytes", (unsigned long long)len);
 }

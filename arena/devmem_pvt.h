@@ -107,9 +107,9 @@ int kva__dev_mem_info(struct kva__dev *d, uint64_t *free_bytes, uint64_t *total_
 int kva__dev_host_register(struct kva__dev *d, void *p, size_t bytes);
 void kva__dev_host_unregister(struct kva__dev *d, void *p);
 
-/* synchronous copies between host memory and the region at byte @off
- * (cuMemcpyHtoD/DtoH), and within the region (on the legacy stream, waited
- * for); -EIO */
+/* copies between host memory and the region at byte @off (cuMemcpyHtoD,
+ * cuMemcpyDtoH), and within the region, all complete on return (the legacy
+ * stream waited for where the driver returns early); -EIO */
 int kva__dev_read(struct kva__dev *d, void *dst, uint64_t off, uint64_t len);
 int kva__dev_write(struct kva__dev *d, uint64_t off, const void *src, uint64_t len);
 int kva__dev_copy_within(struct kva__dev *d, uint64_t dst_off, uint64_t src_off, uint64_t len);

@@ -562,6 +562,7 @@ struct host_reg {
 /* cu_stream points at one of streams[] */
 struct cu_stream_st {
 	bool in_use;
+	bool nonblocking;              /* CU_STREAM_NON_BLOCKING: not ordered with the legacy stream */
 	struct cu_ctx_st *ctx;
 	unsigned long long ctx_id;     /* it dies with that context */
 };
@@ -1122,6 +1123,9 @@ out:
 }
 
 static void linear_free(struct linear *l);
+static void work_flush_all(void);
+static void work_flush(const struct cu_ctx_st *ctx, const struct cu_stream_st *stream,
+		       bool legacy, bool all);
 
 /*
  * The last release destroys the context, and with it what was made in it
@@ -1142,6 +1146,7 @@ static cu_result cuDevicePrimaryCtxRelease(cu_device dev)
 	}
 	if (--primary[dev].retains)
 		goto out;
+	work_flush_all(); /* a context ends when its work is done */
 	for (size_t i = 0; i < streams_used; i++)
 		if (streams[i].in_use && streams[i].ctx == &primary[dev])
 			streams[i].in_use = false;
@@ -1244,9 +1249,10 @@ static cu_result cuCtxSynchronize(void)
 	struct cu_ctx_st *ctx;
 	cu_result r;
 
-	/* every copy was done at once: nothing to wait for */
+	/* everything the context queued, on every stream */
 	pthread_mutex_lock(&tables_lock);
-	r = need_ctx(__func__, &ctx);
+	if (!(r = need_ctx(__func__, &ctx)))
+		work_flush(ctx, NULL, false, false);
 	pthread_mutex_unlock(&tables_lock);
 	return trace(__func__, r, "%s", "");
 }
@@ -1666,6 +1672,7 @@ static cu_result cuMemUnmap(cu_deviceptr ptr, size_t size)
 	cu_result r;
 
 	pthread_mutex_lock(&tables_lock);
+	work_flush_all(); /* queued work lands before its memory goes */
 	if ((r = need_vmm(__func__)))
 		goto out;
 	if (!size || end < ptr) {
@@ -1864,6 +1871,7 @@ static cu_result cuMemFree(cu_deviceptr ptr)
 	cu_result r;
 
 	pthread_mutex_lock(&tables_lock);
+	work_flush_all(); /* queued work lands before its memory goes */
 	if ((r = need_ctx(__func__, &ctx)))
 		goto out;
 	if ((l = linear_at(ptr, false)))
@@ -2009,6 +2017,7 @@ static cu_result cuIpcCloseMemHandle(cu_deviceptr ptr)
 	cu_result r;
 
 	pthread_mutex_lock(&tables_lock);
+	work_flush_all(); /* queued work lands before its memory goes */
 	if ((r = need_ctx(__func__, &ctx)))
 		goto out;
 	if (!(l = linear_at(ptr, true)))
@@ -2056,10 +2065,126 @@ static void copy_bytes(const struct copy *c)
 	}
 }
 
-/* every cuMemcpy*: async ones check the stream, then copy at once */
+/*
+ * Work the device finishes after the call returns, as the driver API's
+ * synchronization rules allow: a copy from pageable memory to the device
+ * (staged at the call, as the driver stages it), device to device, a
+ * memset of device memory, every async copy to or from pinned memory. It
+ * is queued on its stream and lands at that stream's next synchronization:
+ * cuStreamSynchronize, cuCtxSynchronize, a call that waits for the legacy
+ * stream (a synchronous copy to the host, or from pinned memory), or
+ * before memory it touches goes (unmap, free). Until then no other process
+ * sees it, and the host buffer of an async copy is read or written only
+ * then: code that publishes or reads without the wait the driver requires
+ * fails here as it would, by chance, on a GPU.
+ */
+struct work {
+	struct work *next;
+	struct copy c;
+	bool fill;                     /* a memset: value of width bytes, count of them */
+	unsigned int value;
+	size_t width, count;
+	void *staged;                  /* a pageable source, copied at the call */
+	const struct cu_ctx_st *ctx;
+	unsigned long long ctx_id;
+	const struct cu_stream_st *stream; /* NULL: the context's legacy stream */
+};
+
+static struct work *work_head, **work_tail = &work_head;
+static size_t work_pending;
+
+static void fill_bytes(cu_deviceptr dst, unsigned int value, size_t width, size_t count);
+
+static void work_run(struct work *w)
+{
+	if (w->fill)
+		fill_bytes(w->c.dst, w->value, w->width, w->count);
+	else
+		copy_bytes(&w->c);
+	free(w->staged);
+	free(w);
+	work_pending--;
+}
+
+/* does a synchronization of (@ctx, @stream) wait for @w? NULL: the legacy
+ * stream, which waits for the context's blocking streams; @all: everything */
+static bool work_waited(const struct work *w, const struct cu_ctx_st *ctx,
+			const struct cu_stream_st *stream, bool legacy, bool all)
+{
+	if (all)
+		return true;
+	if (w->ctx != ctx || w->ctx_id != ctx->id)
+		return false;
+	if (!legacy && !stream)
+		return true; /* the whole context */
+	if (stream)
+		return w->stream == stream;
+	return !w->stream || !w->stream->nonblocking;
+}
+
+/* run, in order, the queued work a synchronization waits for */
+static void work_flush(const struct cu_ctx_st *ctx, const struct cu_stream_st *stream,
+		       bool legacy, bool all)
+{
+	struct work **pw = &work_head;
+
+	while (*pw) {
+		struct work *w = *pw;
+
+		if (work_waited(w, ctx, stream, legacy, all)) {
+			*pw = w->next;
+			work_run(w);
+		} else {
+			pw = &w->next;
+		}
+	}
+	for (work_tail = &work_head; *work_tail; work_tail = &(*work_tail)->next)
+		;
+}
+
+/* before memory goes: whatever was queued lands first (the driver does not
+ * let work outlive the memory it writes) */
+static void work_flush_all(void)
+{
+	if (work_pending)
+		work_flush(NULL, NULL, false, true);
+}
+
+/* @w queued on @stream (NULL or a special handle: the legacy stream) */
+static cu_result work_queue(struct work *w, struct cu_ctx_st *ctx, cu_stream stream)
+{
+	struct cu_stream_st *st = stream && stream != STREAM_LEGACY && stream != STREAM_PER_THREAD
+					  ? stream_lookup(stream) : NULL;
+
+	w->ctx = ctx;
+	w->ctx_id = ctx->id;
+	w->stream = st;
+	w->next = NULL;
+	*work_tail = w;
+	work_tail = &w->next;
+	work_pending++;
+	return CU_SUCCESS;
+}
+
+/* is [p, p + n) inside memory cuMemHostRegister pinned? */
+static bool pinned(const void *p, size_t n)
+{
+	for (size_t i = 0; i < host_regs_used; i++)
+		if (host_regs[i].in_use && (const char *)p >= host_regs[i].base &&
+		    (uintptr_t)p + n <= (uintptr_t)host_regs[i].base + host_regs[i].size)
+			return true;
+	return false;
+}
+
+/*
+ * every cuMemcpy*: the ranges checked, then the copy done now, or queued
+ * (the comment above says which). @async: the *Async form, on @stream.
+ */
 static cu_result copy(const char *fn, const struct copy *c, bool async, cu_stream stream)
 {
 	struct cu_ctx_st *ctx;
+	struct work *w = NULL;
+	bool now;
 	cu_result r;
 
 	pthread_mutex_lock(&tables_lock);
@@ -2073,7 +2198,40 @@ static cu_result copy(const char *fn, const struct copy *c, bool async, cu_strea
 		goto out;
 	if ((r = inject(FAIL_MEMCPY, fn)))
 		goto out;
-	copy_bytes(c);
+	switch (c->dir) {
+	case DEVICE_TO_HOST:
+		/* to pageable memory, or synchronous: done when it returns */
+		now = !async || !pinned(c->host_dst, c->bytes);
+		break;
+	case HOST_TO_DEVICE:
+		/* from pinned memory, synchronous: done when it returns */
+		now = !async && pinned(c->host_src, c->bytes);
+		break;
+	default:
+		now = false;
+	}
+	if (now) {
+		/* in order after what the stream (the legacy one) has queued */
+		work_flush(ctx, async ? stream_lookup(stream) : NULL, true, false);
+		copy_bytes(c);
+		goto out;
+	}
+	if (!(w = calloc(1, sizeof(*w)))) {
+		r = CU_ERROR_OUT_OF_MEMORY;
+		goto out;
+	}
+	w->c = *c;
+	if (c->dir == HOST_TO_DEVICE && !pinned(c->host_src, c->bytes)) {
+		/* pageable: the driver stages the bytes before it returns */
+		if (!(w->staged = malloc(c->bytes ? c->bytes : 1))) {
+			free(w);
+			r = CU_ERROR_OUT_OF_MEMORY;
+			goto out;
+		}
+		memcpy(w->staged, c->host_src, c->bytes);
+		w->c.host_src = w->staged;
+	}
+	r = work_queue(w, ctx, async ? stream : NULL);
 out:
 	pthread_mutex_unlock(&tables_lock);
 	return trace(fn, r, "dst=%#llx%s src=%#llx%s bytes=%zu stream=%p",
@@ -2127,13 +2285,33 @@ static cu_result cuMemcpyDtoDAsync(cu_deviceptr dst, cu_deviceptr src, size_t by
 	return copy(__func__, &c, true, stream);
 }
 
-/* every cuMemset*: @count values of @width bytes */
+/* @count values of @width bytes at @dst: the range was checked, and @dst
+ * is aligned to @width, so a piece (which ends at a granule or allocation
+ * end) never cuts a value */
+static void fill_bytes(cu_deviceptr dst, unsigned int value, size_t width, size_t count)
+{
+	const void *owner;
+	const char *why;
+
+	for (size_t done = 0, run; done < count * width; done += run) {
+		char *to = device_bytes(dst + done, CU_MEM_ACCESS_FLAGS_PROT_READWRITE, &run,
+					&owner, &why);
+
+		run = run < count * width - done ? run : count * width - done;
+		if (width == 1)
+			memset(to, (int)value, run);
+		for (size_t i = 0; width == 4 && i < run; i += 4)
+			memcpy(to + i, &value, 4);
+	}
+}
+
+/* every cuMemset*: @count values of @width bytes, queued (a memset of
+ * device memory returns before it is done) */
 static cu_result fill(const char *fn, cu_deviceptr dst, unsigned int value, size_t width,
 		      size_t count, bool async, cu_stream stream)
 {
 	struct cu_ctx_st *ctx;
-	const void *owner;
-	const char *why;
+	struct work *w;
 	cu_result r;
 
 	pthread_mutex_lock(&tables_lock);
@@ -2148,18 +2326,13 @@ static cu_result fill(const char *fn, cu_deviceptr dst, unsigned int value, size
 		r = need_device_range(fn, dst, count * width, CU_MEM_ACCESS_FLAGS_PROT_READWRITE);
 	if (r)
 		goto out;
-	/* a piece ends at a granule or allocation end, so a value never
-	 * straddles two: dst is aligned and the whole range was checked */
-	for (size_t done = 0, run; done < count * width; done += run) {
-		char *to = device_bytes(dst + done, CU_MEM_ACCESS_FLAGS_PROT_READWRITE, &run,
-					&owner, &why);
-
-		run = run < count * width - done ? run : count * width - done;
-		if (width == 1)
-			memset(to, (int)value, run);
-		for (size_t i = 0; width == 4 && i < run; i += 4)
-			memcpy(to + i, &value, 4);
+	if (!(w = calloc(1, sizeof(*w)))) {
+		r = CU_ERROR_OUT_OF_MEMORY;
+		goto out;
 	}
+	*w = (struct work){ .fill = true, .c.dst = dst, .value = value, .width = width,
+			    .count = count };
+	r = work_queue(w, ctx, async ? stream : NULL);
 out:
 	pthread_mutex_unlock(&tables_lock);
 	return trace(fn, r, "dst=0x%llx value=0x%x count=%zu stream=%p", dst, value, count,
@@ -2203,6 +2376,7 @@ static cu_result cuStreamCreate(cu_stream *stream, unsigned int flags)
 	if (r)
 		goto out;
 	s->in_use = true;
+	s->nonblocking = flags == CU_STREAM_NON_BLOCKING;
 	s->ctx = ctx;
 	s->ctx_id = ctx->id;
 	*stream = s;
@@ -2221,8 +2395,11 @@ static cu_result cuStreamDestroy(cu_stream stream)
 	if (!(r = need_ctx(__func__, &ctx)) && !(s = stream_lookup(stream)))
 		r = contract(__func__, CU_ERROR_INVALID_HANDLE, "stream %p is not a live stream "
 			     "(destroyed already, or never created)", (void *)stream);
-	else if (!r)
+	else if (!r) {
+		/* the driver finishes what the stream holds, then lets it go */
+		work_flush(ctx, s, false, false);
 		s->in_use = false;
+	}
 	pthread_mutex_unlock(&tables_lock);
 	return trace(__func__, r, "stream=%p", (void *)stream);
 }
@@ -2233,8 +2410,13 @@ static cu_result cuStreamSynchronize(cu_stream stream)
 	cu_result r;
 
 	pthread_mutex_lock(&tables_lock);
-	if (!(r = need_ctx(__func__, &ctx)))
-		r = need_stream(__func__, stream, ctx);
+	if (!(r = need_ctx(__func__, &ctx)) && !(r = need_stream(__func__, stream, ctx))) {
+		struct cu_stream_st *s = stream && stream != STREAM_LEGACY &&
+						 stream != STREAM_PER_THREAD ? stream_lookup(stream)
+									     : NULL;
+
+		work_flush(ctx, s, true, false);
+	}
 	pthread_mutex_unlock(&tables_lock);
 	return trace(__func__, r, "stream=%p", (void *)stream);
 }
@@ -2285,6 +2467,7 @@ static cu_result cuMemHostUnregister(void *p)
 	size_t i;
 
 	pthread_mutex_lock(&tables_lock);
+	work_flush_all(); /* queued work lands before its memory goes */
 	if ((r = need_ctx(__func__, &ctx)))
 		goto out;
 	for (i = 0; i < host_regs_used; i++)

@@ -1259,7 +1259,9 @@ static void copy_across_mappings(void)
 	CHECK_CU(cu.cuMemcpyDtoH(dst, va + g - 100, sizeof(dst)), CU_SUCCESS);
 	CHECK(!memcmp(src, dst, sizeof(src)));
 	CHECK(((char *)(uintptr_t)(va + g))[0] == 100);
+	/* a memset lands at the next synchronization */
 	CHECK_CU(cu.cuMemsetD32(va + g - 8, 0x01020304, 4), CU_SUCCESS);
+	CHECK_CU(cu.cuCtxSynchronize(), CU_SUCCESS);
 	CHECK(*(uint32_t *)(uintptr_t)(va + g + 4) == 0x01020304);
 	/* into the hole after them, and misaligned */
 	CHECK_CU(cu.cuMemcpyHtoD(va + 2 * g - 100, src, sizeof(src)), CU_ERROR_INVALID_VALUE);
@@ -1269,6 +1271,88 @@ static void copy_across_mappings(void)
 	CHECK_CU(cu.cuMemRelease(b), CU_SUCCESS);
 	CHECK_CU(cu.cuMemAddressFree(va, 3 * g), CU_SUCCESS);
 	ctx_down(0);
+}
+
+/*
+ * What the driver may finish after the call returns lands at the stream's
+ * next synchronization, and not before: seen through the CPU's view of the
+ * memory, which is what another process mapping it sees too.
+ */
+static void work_lands_at_synchronization(void)
+{
+	static char pinned_buf[8192] __attribute__((aligned(4096)));
+	char src[64], back[64];
+	cu_stream stream, blocking;
+	cu_mem_handle h;
+	cu_deviceptr va;
+	volatile char *cpu;
+	size_t g;
+
+	memset(src, 'n', sizeof(src));
+	ctx_up(0);
+	g = granularity();
+	h = create(g, CU_MEM_HANDLE_TYPE_NONE);
+	CHECK_CU(cu.cuMemAddressReserve(&va, g, 0, 0, 0), CU_SUCCESS);
+	CHECK_CU(cu.cuMemMap(va, g, 0, h, 0), CU_SUCCESS);
+	set_access(va, g, CU_MEM_ACCESS_FLAGS_PROT_READWRITE);
+	cpu = (volatile char *)(uintptr_t)va;
+	/* from pageable memory: staged at the call (the source may change),
+	 * landed at the legacy stream's synchronization */
+	CHECK_CU(cu.cuMemcpyHtoD(va, src, sizeof(src)), CU_SUCCESS);
+	memset(src, 'x', sizeof(src));
+	CHECK(cpu[0] == 0);
+	CHECK_CU(cu.cuStreamSynchronize(NULL), CU_SUCCESS);
+	CHECK(cpu[0] == 'n' && cpu[63] == 'n');
+	/* device to device, then a synchronous copy to the host: the legacy
+	 * stream's work first, in order */
+	CHECK_CU(cu.cuMemcpyDtoD(va + 100, va, 64), CU_SUCCESS);
+	CHECK(cpu[100] == 0);
+	CHECK_CU(cu.cuMemcpyDtoH(back, va + 100, 64), CU_SUCCESS);
+	CHECK(back[0] == 'n' && cpu[163] == 'n');
+	/* a non-blocking stream is not waited for by the legacy stream */
+	CHECK_CU(cu.cuStreamCreate(&stream, CU_STREAM_NON_BLOCKING), CU_SUCCESS);
+	CHECK_CU(cu.cuMemsetD32Async(va + 256, 0x61616161, 4, stream), CU_SUCCESS);
+	CHECK_CU(cu.cuStreamSynchronize(NULL), CU_SUCCESS);
+	CHECK(cpu[256] == 0);
+	CHECK_CU(cu.cuStreamSynchronize(stream), CU_SUCCESS);
+	CHECK(cpu[256] == 'a');
+	/* a blocking one is */
+	CHECK_CU(cu.cuStreamCreate(&blocking, CU_STREAM_DEFAULT), CU_SUCCESS);
+	CHECK_CU(cu.cuMemsetD32Async(va + 512, 0x62626262, 4, blocking), CU_SUCCESS);
+	CHECK(cpu[512] == 0);
+	CHECK_CU(cu.cuStreamSynchronize(NULL), CU_SUCCESS);
+	CHECK(cpu[512] == 'b');
+	/* async into pinned memory: written at the synchronization, not the call */
+	CHECK_CU(cu.cuMemHostRegister(pinned_buf, sizeof(pinned_buf), CU_MEMHOSTREGISTER_PORTABLE),
+		 CU_SUCCESS);
+	CHECK_CU(cu.cuMemcpyDtoHAsync(pinned_buf, va, 64, stream), CU_SUCCESS);
+	CHECK(pinned_buf[0] == 0);
+	CHECK_CU(cu.cuStreamSynchronize(stream), CU_SUCCESS);
+	CHECK(pinned_buf[0] == 'n');
+	/* async from pinned memory: read at the synchronization, not the call */
+	memset(pinned_buf, 'p', 64);
+	CHECK_CU(cu.cuMemcpyHtoDAsync(va + 1024, pinned_buf, 64, stream), CU_SUCCESS);
+	memset(pinned_buf, 'q', 64);
+	CHECK_CU(cu.cuCtxSynchronize(), CU_SUCCESS);
+	CHECK(cpu[1024] == 'q');
+	/* queued work lands before its memory goes */
+	CHECK_CU(cu.cuMemsetD32Async(va + 2048, 0, 4, stream), CU_SUCCESS);
+	CHECK_CU(cu.cuStreamDestroy(stream), CU_SUCCESS);
+	CHECK_CU(cu.cuStreamDestroy(blocking), CU_SUCCESS);
+	CHECK_CU(cu.cuMemHostUnregister(pinned_buf), CU_SUCCESS);
+	CHECK_CU(cu.cuMemUnmap(va, g), CU_SUCCESS);
+	CHECK_CU(cu.cuMemRelease(h), CU_SUCCESS);
+	CHECK_CU(cu.cuMemAddressFree(va, g), CU_SUCCESS);
+	ctx_down(0);
+}
+
+static void test_work_lands_at_the_next_synchronization(void **state)
+{
+	struct child c;
+
+	(void)state;
+	RUN(&c, work_lands_at_synchronization, NULL);
+	expect_exit(&c, 0);
 }
 
 static void test_copy_spans_adjacent_mappings(void **state)
@@ -1432,6 +1516,7 @@ int main(void)
 		cmocka_unit_test(test_primary_context_released_is_unusable),
 		cmocka_unit_test(test_host_register_overlap),
 		cmocka_unit_test(test_copy_spans_adjacent_mappings),
+		cmocka_unit_test(test_work_lands_at_the_next_synchronization),
 		cmocka_unit_test(test_stream_destroyed_twice_is_a_violation),
 		cmocka_unit_test(test_context_stack_is_per_thread),
 		cmocka_unit_test(test_threads_share_the_tables),
