@@ -205,12 +205,22 @@ struct bench_line {
 	bool overflow;
 };
 
+/* @mode NULL: a line without "mode" (the GPU benches' "no device" line) */
 void bench_line_begin(struct bench_line *l, const char *bench, const char *mode);
 /* a number with @decimals digits after the point; NaN or infinity print null */
 void bench_line_num(struct bench_line *l, const char *key, double v, int decimals);
 /* a string value: the program's own constant (a dtype or ISA name), not escaped */
 void bench_line_str(struct bench_line *l, const char *key, const char *v);
+/* any text (a driver's message, a device's name), escaped for JSON; cut
+ * short, at a whole character or escape, past 511 bytes escaped */
+void bench_line_text(struct bench_line *l, const char *key, const char *v);
 void bench_line_bool(struct bench_line *l, const char *key, bool v);
+/*
+ * bench_json_escape - @s as the inside of a JSON string: '"' and '\'
+ * escaped, control characters as \n, \t or \u00XX, in @out (@len bytes,
+ * NUL-terminated, cut at a whole escape). Return: the length written.
+ */
+size_t bench_json_escape(const char *s, char *out, size_t len);
 /* Return: 0, -ENOBUFS (the line outgrew its buffer), -EIO (stdout failed). */
 int bench_line_print(struct bench_line *l);
 
@@ -270,6 +280,70 @@ const char *bench_readbw_isa(const struct bench_readbw *r);
  */
 int bench_readbw_run(struct bench_readbw *r, enum bench_read_pattern pattern, size_t bytes,
 		     unsigned threads, unsigned reps, uint64_t *elapsed_ns);
+
+/* ------------------------- bench_cuda.c: the CUDA driver, loaded by hand */
+
+/*
+ * What the GPU figures are measured with. There is one where libcuda.so.1
+ * loads, cuInit works, the device exists and is not the tests' driver
+ * stand-in, whose name starts with BENCH_GPU_STAND_IN (device memory that
+ * is host memory, copies that are memcpy, no kernels). Pointers to device
+ * memory are void *, as kvarena_kernels.h has them.
+ */
+#define BENCH_GPU_STAND_IN "kvarena CUDA driver stand-in"
+
+struct bench_gpu;
+
+enum bench_gpu_dir { BENCH_GPU_HTOD, BENCH_GPU_DTOH, BENCH_GPU_DTOD };
+
+/*
+ * bench_gpu_open - device @ordinal, its primary context retained and pushed
+ * on the calling thread (kva_decode_cuda runs in the current context), a
+ * non-blocking stream and two timing events in it. Use it from that thread.
+ * Return: 0; -ENODEV, no GPU to measure (no driver, one older than CUDA
+ * 12.0, cuInit failed, no such device, or the stand-in); -ENOMEM, -EIO (a
+ * driver call failed). @why says which, naming the call and its CUresult.
+ */
+int bench_gpu_open(int ordinal, struct bench_gpu **out, char *why, size_t len);
+/* the stream waited for, what was made in the context destroyed, the
+ * context popped and released; NULL is ignored */
+void bench_gpu_close(struct bench_gpu *g);
+
+const char *bench_gpu_name(const struct bench_gpu *g);
+int bench_gpu_ordinal(const struct bench_gpu *g);
+int bench_gpu_driver_version(const struct bench_gpu *g); /* 12080: CUDA 12.8; 0 unknown */
+uint64_t bench_gpu_l2_bytes(const struct bench_gpu *g);  /* 0: the driver did not say */
+void *bench_gpu_stream(const struct bench_gpu *g);       /* a CUstream */
+
+/*
+ * The rest return 0 or a negative errno (-ENOMEM for the driver's
+ * CUDA_ERROR_OUT_OF_MEMORY, else -EIO) and say on stderr which call failed
+ * and its CUresult's name.
+ */
+int bench_gpu_mem_info(struct bench_gpu *g, uint64_t *free_bytes, uint64_t *total_bytes);
+int bench_gpu_alloc(struct bench_gpu *g, size_t bytes, void **dptr);  /* cuMemAlloc */
+void bench_gpu_free(struct bench_gpu *g, void *dptr);
+int bench_gpu_host_alloc(struct bench_gpu *g, size_t bytes, void **p); /* pinned */
+void bench_gpu_host_free(struct bench_gpu *g, void *p);
+/* synchronous copies, to (put) and from (get) the device, any host memory */
+int bench_gpu_put(struct bench_gpu *g, void *dst, const void *src, size_t bytes);
+int bench_gpu_get(struct bench_gpu *g, void *dst, const void *src, size_t bytes);
+/* one copy queued on the stream (host memory pinned, or the copy is staged) */
+int bench_gpu_copy_async(struct bench_gpu *g, enum bench_gpu_dir dir, void *dst,
+			 const void *src, size_t bytes);
+/* wait for the stream: also where a failure of queued work is told */
+int bench_gpu_sync(struct bench_gpu *g);
+/* the device's time, in ns, of what the stream ran between start and stop
+ * (cuEventRecord, cuEventElapsedTime: about 0.5 us of resolution) */
+int bench_gpu_timer_start(struct bench_gpu *g);
+int bench_gpu_timer_stop(struct bench_gpu *g, double *ns);
+
+/*
+ * bench_gpu_no_device - the one line a GPU bench prints when it cannot
+ * measure: {"bench":@bench,"backend":"cuda","status":@status,"reason":@why}
+ * (@why escaped), and the same on stderr. Return: as bench_line_print.
+ */
+int bench_gpu_no_device(const char *bench, const char *status, const char *why);
 
 /* ----------------------------------------- bench_dpdk.c: the DPDK peer */
 

@@ -68,6 +68,40 @@
  *                      on a shared machine, how far to trust it
  *   trials, reps       trials per median, calls (and passes) per trial
  *
+ * --backend cuda: kva_decode_cuda on a GPU, over a copy of the same arena
+ * in device memory (see "the GPU" below), the same configurations (no
+ * threads, no isa). Its lines have "backend":"cuda" and, in place of the CPU
+ * ceiling, the naive decode and other_cpus:
+ *
+ *   device, driver_version   the GPU's name (cuDeviceGetName) and the
+ *                      driver's version (cuDriverGetVersion: 12080 is 12.8)
+ *   ms                 median time of one kva_decode_cuda call on the
+ *                      device's clock (cuEventElapsedTime over `reps`
+ *                      calls queued back to back)
+ *   gbps               bytes / ms, as above
+ *   ceiling            "cuMemcpyDtoD": the ceiling is a device-to-device copy
+ *   ceiling_copy_bytes the size of that copy: at least 256 MiB, and 8 x L2
+ *   ceiling_counts     "read+write": ceiling_gbps counts 2 x ceiling_copy_bytes
+ *                      per copy
+ *   ceiling_gbps       the fastest copy of the run's trials
+ *   ratio              gbps / ceiling_gbps
+ *   l2_bytes, cache_resident   the device's L2, and bytes < 2 x L2
+ *   reference          "kva_decode": what the output is checked against
+ *   max_abs_err        max over every output element of |gpu - cpu|
+ *   max_rel_err        max over the (sequence, query head) rows of
+ *                      max_d |gpu - cpu| / max_d |cpu| (null if not finite);
+ *                      above 1e-3 fails the run (exit 1)
+ *   kernel_errors      the KVA_CUDA_ERR_* bits the kernels set (nonzero
+ *                      fails the run)
+ *   timing             "cuEventElapsedTime"
+ *   trials, reps
+ *
+ * Where there is no GPU to measure (no libcuda.so.1, cuInit fails, no such
+ * device, or the tests' driver stand-in) the one line is
+ * {"bench":"decode","backend":"cuda","status":"no device","reason":"..."},
+ * and the exit status 0; "status":"no kernels" if libkvarena was built
+ * without nvcc.
+ *
  * A one-line summary per configuration goes to stderr.
  */
 #include <errno.h>
@@ -112,6 +146,8 @@ struct decode_opts {
 	unsigned trials;
 	uint32_t arena_mib;  /* data region of each arena at least; 0: what the batches need */
 	bool quick;
+	bool cuda;           /* --backend cuda: kva_decode_cuda on device @device */
+	uint32_t device;
 };
 
 /* ------------------------------------------------------------ the cache */
@@ -767,6 +803,425 @@ static int run_geometry(const struct decode_opts *o, const struct config *g,
 	return ret;
 }
 
+/* ------------------------------------------------------------ the GPU */
+
+/*
+ * --backend cuda: the same cache and batches, on a GPU. Each geometry's
+ * arena is made and filled on the host as for the CPU, then its data region
+ * is copied whole into one cuMemAlloc and the descriptor's pointers are
+ * moved to the copy: the GPU reads the bytes the CPU reads, the int8 scales
+ * kva_store_kv picked included. The page table, q and the fp8 scales are
+ * copied too. The reference is kva_decode on the host over the arena with
+ * the same arguments and options (the same split plan): one call of each,
+ * compared element by element before anything is timed.
+ *
+ * Timing is the device's (events on the bench's stream): `reps` calls
+ * queued back to back, `trials` times after a warm-up (the first call in a
+ * context loads the kernels, and the stream-ordered pool grows), the median
+ * per call. The ceiling is cuMemcpyDtoD of a buffer far larger than L2, one
+ * copy after each decode trial, the fastest kept: a copy reads and writes,
+ * so twice its size is counted. A read-only kernel would be the truer
+ * ceiling of a decode, which only reads, but would need a module of the
+ * bench's own; against a copy a decode may come out a little above 1.
+ */
+#define GPU_CEILING_BYTES (256ull << 20) /* at least; 8 x L2 where that is more */
+
+struct gpu_figures {
+	double ms, gbps, ceiling_gbps, max_abs_err, max_rel_err;
+	uint32_t kernel_errors;
+	unsigned reps;
+};
+
+/* what every configuration shares: the device and the ceiling's buffers */
+struct gpu_setup {
+	struct bench_gpu *g;
+	void *ceiling_src, *ceiling_dst;
+	size_t ceiling_bytes;
+};
+
+/* a cache's data region on the device, and the descriptor of that copy */
+struct gpu_cache {
+	void *data, *fp8_scale;
+	struct kva_kv_desc kv;
+};
+
+struct gpu_batch {
+	void *indptr, *indices, *last, *q, *out;
+	struct kva_page_table pt;
+};
+
+static void gpu_cache_free(struct bench_gpu *g, struct gpu_cache *gc)
+{
+	bench_gpu_free(g, gc->data);
+	bench_gpu_free(g, gc->fp8_scale);
+	memset(gc, 0, sizeof(*gc));
+}
+
+/* @p, a pointer into the host's data region at @base, moved to the device's copy */
+static const void *moved(const void *p, const uint8_t *base, uint64_t bytes, void *dev)
+{
+	const uint8_t *q = p;
+
+	if (!p || q < base || q >= base + bytes)
+		return NULL;
+	return (const uint8_t *)dev + (q - base);
+}
+
+static int gpu_cache_make(struct bench_gpu *g, const struct kvcache *kc, struct gpu_cache *gc)
+{
+	const struct kva_arena_info *info = kva_arena_info(kc->arena);
+	/* block 0's K page of layer 0 is where the data region starts */
+	const uint8_t *base = (const uint8_t *)kva_block_data(kc->w, 0) -
+		kva_kv_offset(&info->geometry, &info->layout, info->blocks, 0, 0, 0, 0);
+	uint64_t bytes = info->layout.data_bytes;
+	int ret;
+
+	memset(gc, 0, sizeof(*gc));
+	if ((ret = bench_gpu_alloc(g, bytes, &gc->data)) < 0 ||
+	    (ret = bench_gpu_put(g, gc->data, base, bytes)) < 0)
+		goto fail;
+	gc->kv = kc->kv;
+	gc->kv.k = moved(kc->kv.k, base, bytes, gc->data);
+	gc->kv.v = moved(kc->kv.v, base, bytes, gc->data);
+	if (kc->kv.dtype == KVA_INT8) {
+		/* in the blocks, beside the values */
+		gc->kv.k_scale = moved(kc->kv.k_scale, base, bytes, gc->data);
+		gc->kv.v_scale = moved(kc->kv.v_scale, base, bytes, gc->data);
+	} else if (kc->kv.dtype == KVA_FP8_E4M3) {
+		size_t n = sizeof(float) * 2 * (size_t)kc->kv.num_kv_heads;
+
+		if ((ret = bench_gpu_alloc(g, n, &gc->fp8_scale)) < 0 ||
+		    (ret = bench_gpu_put(g, gc->fp8_scale, kc->fp8_scale, n)) < 0)
+			goto fail;
+		gc->kv.k_scale = gc->fp8_scale;
+		gc->kv.v_scale = (const float *)gc->fp8_scale + kc->kv.num_kv_heads;
+	}
+	if (!gc->kv.k || !gc->kv.v ||
+	    (kc->kv.dtype == KVA_INT8 && (!gc->kv.k_scale || !gc->kv.v_scale))) {
+		fprintf(stderr, "decode: the arena's descriptor points outside its data region\n");
+		ret = -EINVAL;
+		goto fail;
+	}
+	return 0;
+fail:
+	gpu_cache_free(g, gc);
+	return ret;
+}
+
+static void gpu_batch_free(struct bench_gpu *g, struct gpu_batch *gb)
+{
+	bench_gpu_free(g, gb->indptr);
+	bench_gpu_free(g, gb->indices);
+	bench_gpu_free(g, gb->last);
+	bench_gpu_free(g, gb->q);
+	bench_gpu_free(g, gb->out);
+	memset(gb, 0, sizeof(*gb));
+}
+
+/* @b's page table and q on the device, and room for out */
+static int gpu_batch_make(struct bench_gpu *g, const struct config *c, const struct batch *b,
+			  struct gpu_batch *gb)
+{
+	size_t seqs = sizeof(int32_t) * c->batch;
+	size_t pages = sizeof(int32_t) * c->batch * (size_t)pages_of(c->context);
+	size_t qn = sizeof(float) * c->batch * (size_t)b->q_heads * c->head_dim;
+	int ret;
+
+	memset(gb, 0, sizeof(*gb));
+	if ((ret = bench_gpu_alloc(g, seqs + sizeof(int32_t), &gb->indptr)) < 0 ||
+	    (ret = bench_gpu_alloc(g, pages, &gb->indices)) < 0 ||
+	    (ret = bench_gpu_alloc(g, seqs, &gb->last)) < 0 ||
+	    (ret = bench_gpu_alloc(g, qn, &gb->q)) < 0 ||
+	    (ret = bench_gpu_alloc(g, qn, &gb->out)) < 0 ||
+	    (ret = bench_gpu_put(g, gb->indptr, b->indptr, seqs + sizeof(int32_t))) < 0 ||
+	    (ret = bench_gpu_put(g, gb->indices, b->indices, pages)) < 0 ||
+	    (ret = bench_gpu_put(g, gb->last, b->last, seqs)) < 0 ||
+	    (ret = bench_gpu_put(g, gb->q, b->q, qn)) < 0) {
+		gpu_batch_free(g, gb);
+		return ret;
+	}
+	gb->pt = (struct kva_page_table){ (int32_t)c->batch, PAGE_TOKENS, gb->indptr, gb->indices,
+					  gb->last };
+	return 0;
+}
+
+static int gpu_decode_call(struct bench_gpu *g, const struct config *c, const struct batch *b,
+			   const struct gpu_cache *gc, const struct gpu_batch *gb)
+{
+	/* the options of the reference's call (decode_call): the same split plan */
+	struct kva_decode_opts o = { .threads = (int32_t)c->threads, .isa = KVA_ISA_AUTO };
+	int ret = kva_decode_cuda(&gc->kv, &gb->pt, gb->q, KVA_F32, (int32_t)b->q_heads,
+				  1.0f / sqrtf((float)c->head_dim), gb->out, NULL, &o,
+				  bench_gpu_stream(g));
+
+	if (ret < 0)
+		fprintf(stderr, "decode: kva_decode_cuda: %s (%s)\n", strerror(-ret), kva_errmsg());
+	return ret;
+}
+
+/*
+ * gpu_check - one call on each side, and how far apart they are: the
+ * largest |gpu - cpu| of any element, and the largest over the (sequence,
+ * query head) rows of max |gpu - cpu| / max |cpu| (measure_naive's error);
+ * infinity if an output is not finite. Also the bits the kernels set.
+ */
+static int gpu_check(struct bench_gpu *g, const struct config *c, const struct kvcache *kc,
+		     struct batch *b, const struct gpu_cache *gc, const struct gpu_batch *gb,
+		     struct gpu_figures *f)
+{
+	size_t rows = (size_t)c->batch * b->q_heads;
+	double abs_err = 0.0, rel_err = 0.0;
+	int ret;
+
+	if ((ret = decode_call(c, kc, b, KVA_ISA_AUTO)) < 0 ||
+	    (ret = gpu_decode_call(g, c, b, gc, gb)) < 0 ||
+	    (ret = bench_gpu_get(g, b->ref, gb->out, sizeof(float) * rows * c->head_dim)) < 0)
+		return ret;
+	if ((ret = kva_cuda_take_errors(&f->kernel_errors)) < 0) {
+		fprintf(stderr, "decode: kva_cuda_take_errors: %s (%s)\n", strerror(-ret),
+			kva_errmsg());
+		return ret;
+	}
+	for (size_t r = 0; r < rows; r++) {
+		const float *gpu = b->ref + r * c->head_dim, *cpu = b->out + r * c->head_dim;
+		double dmax = 0.0, rmax = 0.0;
+		bool finite = true;
+
+		for (uint32_t d = 0; d < c->head_dim; d++) {
+			/* fmax() drops a NaN: a NaN anywhere must fail, so test it first */
+			finite = finite && isfinite(gpu[d]) && isfinite(cpu[d]);
+			dmax = fmax(dmax, fabs((double)gpu[d] - cpu[d]));
+			rmax = fmax(rmax, fabs((double)cpu[d]));
+		}
+		if (!finite) {
+			abs_err = rel_err = INFINITY;
+			break;
+		}
+		abs_err = fmax(abs_err, dmax);
+		rel_err = fmax(rel_err, rmax > 0.0 ? dmax / rmax : dmax);
+	}
+	f->max_abs_err = abs_err;
+	f->max_rel_err = rel_err;
+	return 0;
+}
+
+static int gpu_time_decode(struct bench_gpu *g, const struct config *c, const struct batch *b,
+			   const struct gpu_cache *gc, const struct gpu_batch *gb, unsigned reps,
+			   double *ns)
+{
+	int ret = bench_gpu_timer_start(g);
+
+	for (unsigned k = 0; k < reps && ret == 0; k++)
+		ret = gpu_decode_call(g, c, b, gc, gb);
+	if (ret == 0 && (ret = bench_gpu_timer_stop(g, ns)) == 0)
+		*ns /= reps;
+	return ret;
+}
+
+static int gpu_time_ceiling(const struct gpu_setup *gr, double *ns)
+{
+	int ret;
+
+	if ((ret = bench_gpu_timer_start(gr->g)) < 0 ||
+	    (ret = bench_gpu_copy_async(gr->g, BENCH_GPU_DTOD, gr->ceiling_dst, gr->ceiling_src,
+					gr->ceiling_bytes)) < 0)
+		return ret;
+	return bench_gpu_timer_stop(gr->g, ns);
+}
+
+static int gpu_measure(const struct gpu_setup *gr, const struct config *c, const struct kvcache *kc,
+		       struct batch *b, const struct gpu_cache *gc, const struct gpu_batch *gb,
+		       unsigned trials, struct gpu_figures *f)
+{
+	double dec[BENCH_MAX_TRIALS], best = INFINITY, once, copy;
+	int ret;
+
+	/* the check is the warm-up: kernels loaded, scratch pool grown */
+	if ((ret = gpu_check(gr->g, c, kc, b, gc, gb, f)) < 0 ||
+	    (ret = gpu_time_decode(gr->g, c, b, gc, gb, 1, &once)) < 0 ||
+	    (ret = gpu_time_ceiling(gr, &copy)) < 0)
+		return ret;
+	f->reps = once >= MIN_TRIAL_NS ? 1 : (unsigned)ceil(MIN_TRIAL_NS / fmax(once, 1.0));
+	if (f->reps > 10000)
+		f->reps = 10000;
+	for (unsigned t = 0; t < trials; t++) {
+		if ((ret = gpu_time_decode(gr->g, c, b, gc, gb, f->reps, &dec[t])) < 0 ||
+		    (ret = gpu_time_ceiling(gr, &copy)) < 0)
+			return ret;
+		best = fmin(best, copy);
+	}
+	f->ms = bench_median(dec, trials) / 1e6;
+	f->gbps = (double)b->bytes / (f->ms * 1e6);
+	f->ceiling_gbps = 2.0 * (double)gr->ceiling_bytes / best;
+	return 0;
+}
+
+static int gpu_print_line(const struct gpu_setup *gr, const struct config *c, const struct batch *b,
+			  const struct gpu_figures *f, unsigned trials, uint64_t arena_bytes)
+{
+	uint64_t l2 = bench_gpu_l2_bytes(gr->g);
+	struct bench_line l;
+
+	bench_line_begin(&l, "decode", "kvarena");
+	bench_line_str(&l, "backend", "cuda");
+	bench_line_text(&l, "device", bench_gpu_name(gr->g));
+	bench_line_num(&l, "driver_version", bench_gpu_driver_version(gr->g), 0);
+	bench_line_str(&l, "dtype", kva_dtype_name(c->dtype));
+	bench_line_num(&l, "head_dim", c->head_dim, 0);
+	bench_line_num(&l, "kv_heads", c->kv_heads, 0);
+	bench_line_num(&l, "page_size", PAGE_TOKENS, 0);
+	bench_line_num(&l, "batch", c->batch, 0);
+	bench_line_num(&l, "context", c->context, 0);
+	bench_line_num(&l, "group", c->group, 0);
+	bench_line_str(&l, "q_dtype", "f32");
+	bench_line_num(&l, "bytes", (double)b->bytes, 0);
+	bench_line_num(&l, "arena_bytes", (double)arena_bytes, 0);
+	bench_line_num(&l, "ms", f->ms, 4);
+	bench_line_num(&l, "gbps", f->gbps, 2);
+	bench_line_str(&l, "ceiling", "cuMemcpyDtoD");
+	bench_line_num(&l, "ceiling_copy_bytes", (double)gr->ceiling_bytes, 0);
+	bench_line_str(&l, "ceiling_counts", "read+write");
+	bench_line_num(&l, "ceiling_gbps", f->ceiling_gbps, 2);
+	bench_line_num(&l, "ratio", f->gbps / f->ceiling_gbps, 3);
+	if (l2)
+		bench_line_bool(&l, "cache_resident", b->bytes < 2 * l2);
+	else
+		bench_line_num(&l, "cache_resident", NAN, 0);
+	bench_line_num(&l, "l2_bytes", l2 ? (double)l2 : NAN, 0);
+	bench_line_str(&l, "reference", "kva_decode");
+	bench_line_num(&l, "max_abs_err", f->max_abs_err, 9);
+	bench_line_num(&l, "max_rel_err", f->max_rel_err, 9);
+	bench_line_num(&l, "kernel_errors", f->kernel_errors, 0);
+	bench_line_str(&l, "timing", "cuEventElapsedTime");
+	bench_line_num(&l, "trials", trials, 0);
+	bench_line_num(&l, "reps", f->reps, 0);
+	return bench_line_print(&l);
+}
+
+/* every configuration of @g's geometry, on one cache, copied to the device */
+static int gpu_run_geometry(const struct decode_opts *o, const struct gpu_setup *gr,
+			    const struct config *g, uint64_t *rng, bool *wrong)
+{
+	struct kvcache kc;
+	struct gpu_cache gc;
+	uint64_t t0 = bench_now_ns();
+	uint64_t arena_bytes;
+	int ret;
+
+	if ((ret = cache_make(g, arena_blocks(o, g), rng, &kc)) < 0)
+		return ret;
+	arena_bytes = kva_arena_info(kc.arena)->layout.data_bytes;
+	if ((ret = gpu_cache_make(gr->g, &kc, &gc)) < 0) {
+		fprintf(stderr, "decode: %.0f MiB of cache to the device: %s\n",
+			(double)arena_bytes / (1 << 20), strerror(-ret));
+		cache_free(&kc);
+		return ret;
+	}
+	fprintf(stderr, "decode: %s, head_dim %u, %u KV heads: %u blocks (%.0f MiB) filled and "
+		"copied to the device in %.1f s\n", kva_dtype_name(g->dtype), g->head_dim,
+		g->kv_heads, kc.blocks, (double)arena_bytes / (1 << 20),
+		(double)(bench_now_ns() - t0) / 1e9);
+	for (unsigned i = 0; i < o->n && ret == 0; i++) {
+		const struct config *c = &o->configs[i];
+		struct gpu_figures f = { 0 };
+		struct gpu_batch gb;
+		struct batch b;
+		bool bad;
+
+		if (!same_geometry(c, g))
+			continue;
+		if ((ret = batch_make(c, &kc, rng, &b)) < 0)
+			break;
+		if ((ret = gpu_batch_make(gr->g, c, &b, &gb)) == 0) {
+			ret = gpu_measure(gr, c, &kc, &b, &gc, &gb, o->trials, &f);
+			gpu_batch_free(gr->g, &gb);
+		}
+		if (ret == 0)
+			ret = gpu_print_line(gr, c, &b, &f, o->trials, arena_bytes);
+		if (ret == 0) {
+			bad = !(f.max_rel_err <= MAX_ERR) || f.kernel_errors;
+			fprintf(stderr, "decode: %-8s hd %3u b %2u ctx %5u g %u: %9.4f ms %7.1f GB/s "
+				"of %7.1f (%.2f)  err %.1e  kernel errors %#x%s\n",
+				kva_dtype_name(c->dtype), c->head_dim, c->batch, c->context, c->group,
+				f.ms, f.gbps, f.ceiling_gbps, f.gbps / f.ceiling_gbps, f.max_rel_err,
+				f.kernel_errors, bad ? "  WRONG" : "");
+			*wrong = *wrong || bad;
+		}
+		batch_free(&b);
+	}
+	gpu_cache_free(gr->g, &gc);
+	cache_free(&kc);
+	return ret;
+}
+
+/*
+ * gpu_open - device o->device, for gpu_run. No GPU to measure (no driver,
+ * the tests' stand-in, a library without kernels) is one line that says
+ * so, and a run that did what it could. Return: 0 and *@out; 1, that line
+ * printed; or -errno, told on stderr.
+ */
+static int gpu_open(const struct decode_opts *o, struct bench_gpu **out)
+{
+	char why[512];
+	int ret = bench_gpu_open((int)o->device, out, why, sizeof(why));
+
+	if (ret == -ENODEV)
+		return bench_gpu_no_device("decode", "no device", why) < 0 ? -EIO : 1;
+	if (ret < 0) {
+		fprintf(stderr, "decode: --backend cuda: %s\n", why);
+		return ret;
+	}
+	if ((ret = kva_cuda_available()) < 0) {
+		/* this loader found a GPU; the library's did not, or has no kernels */
+		ret = bench_gpu_no_device("decode", ret == -ENOTSUP ? "no kernels" : "no device",
+					  kva_errmsg());
+		bench_gpu_close(*out);
+		*out = NULL;
+		return ret < 0 ? -EIO : 1;
+	}
+	return 0;
+}
+
+/* the whole run on @g (closed at the end) */
+static int gpu_run(const struct decode_opts *o, struct bench_gpu *g)
+{
+	struct gpu_setup gr = { .g = g };
+	uint64_t rng = SEED, free_b = 0, total_b = 0, l2 = bench_gpu_l2_bytes(g);
+	bool wrong = false;
+	int ret;
+
+	gr.ceiling_bytes = 8 * l2 > GPU_CEILING_BYTES ? 8 * l2 : GPU_CEILING_BYTES;
+	if ((ret = bench_gpu_mem_info(g, &free_b, &total_b)) < 0)
+		goto out;
+	fprintf(stderr, "decode: GPU %d: %s, driver %d.%d, %.1f GiB free of %.1f, L2 %.0f MiB; "
+		"ceiling: cuMemcpyDtoD of %.0f MiB\n", bench_gpu_ordinal(g), bench_gpu_name(g),
+		bench_gpu_driver_version(g) / 1000, bench_gpu_driver_version(g) % 1000 / 10,
+		(double)free_b / (1ull << 30), (double)total_b / (1ull << 30),
+		(double)l2 / (1 << 20), (double)gr.ceiling_bytes / (1 << 20));
+	if ((ret = bench_gpu_alloc(g, gr.ceiling_bytes, &gr.ceiling_src)) < 0 ||
+	    (ret = bench_gpu_alloc(g, gr.ceiling_bytes, &gr.ceiling_dst)) < 0)
+		goto out;
+	for (unsigned i = 0; i < o->n && ret == 0; i++) {
+		bool first = true;
+
+		for (unsigned k = 0; k < i && first; k++)
+			first = !same_geometry(&o->configs[k], &o->configs[i]);
+		if (first)
+			ret = gpu_run_geometry(o, &gr, &o->configs[i], &rng, &wrong);
+	}
+	if (ret == 0 && wrong) {
+		fprintf(stderr, "decode: kva_decode_cuda's output differs from kva_decode's by more "
+			"than %g, or its kernels reported errors: the figures above are of a wrong "
+			"computation\n", MAX_ERR);
+		ret = -EDOM;
+	}
+out:
+	bench_gpu_free(g, gr.ceiling_src);
+	bench_gpu_free(g, gr.ceiling_dst);
+	bench_gpu_close(g);
+	return ret;
+}
+
 static int run(const struct decode_opts *o)
 {
 	struct bench_readbw *rb = NULL;
@@ -836,6 +1291,13 @@ static void usage(FILE *f)
 		"  --quick           one small configuration (f16, batch 2, context 200,\n"
 		"                    group 4, threads 2, head_dim 64, 2 KV heads), 2 trials,\n"
 		"                    --arena-mib 0; the options above change it\n"
+		"  --backend B       host (default): kva_decode as above; cuda: kva_decode_cuda\n"
+		"                    over a copy of the arena in device memory, against\n"
+		"                    cuMemcpyDtoD's bandwidth in the same run and checked\n"
+		"                    against kva_decode (no --threads, no --isa). Without a\n"
+		"                    GPU (no driver, or the tests' driver stand-in): one\n"
+		"                    \"no device\" line, exit 0\n"
+		"  --device N        cuda: the device ordinal (default 0)\n"
 		"  --help            this text\n",
 		MAX_THREADS, BENCH_MAX_TRIALS, DEFAULT_ARENA_MIB);
 }
@@ -962,6 +1424,8 @@ static int parse(int argc, char **argv, struct decode_opts *o)
 		{ "trials", required_argument, NULL, 'T' },
 		{ "arena-mib", required_argument, NULL, 'A' },
 		{ "quick", no_argument, NULL, 'q' },
+		{ "backend", required_argument, NULL, 'B' },
+		{ "device", required_argument, NULL, 'G' },
 		{ "help", no_argument, NULL, 'h' },
 		{ NULL, 0, NULL, 0 },
 	};
@@ -986,7 +1450,7 @@ static int parse(int argc, char **argv, struct decode_opts *o)
 	bool given[DIMS] = { false };
 	bool any = false;
 	uint32_t trials = 0, arena_mib = DEFAULT_ARENA_MIB;
-	bool arena_given = false;
+	bool arena_given = false, isa_given = false, device_given = false;
 	enum dim d = DTYPE;
 	int c, ret = 0;
 
@@ -1027,6 +1491,7 @@ static int parse(int argc, char **argv, struct decode_opts *o)
 				o->isa = KVA_ISA_AVX512;
 			else
 				return usage_error("--isa '%s': auto, scalar, avx2 or avx512", optarg);
+			isa_given = true;
 			continue;
 		case 'T':
 			if (bench_parse_u32(optarg, 1, BENCH_MAX_TRIALS, &trials) < 0)
@@ -1039,6 +1504,16 @@ static int parse(int argc, char **argv, struct decode_opts *o)
 			continue;
 		case 'q':
 			o->quick = true;
+			continue;
+		case 'B':
+			if (strcmp(optarg, "host") && strcmp(optarg, "cuda"))
+				return usage_error("--backend '%s': host or cuda", optarg);
+			o->cuda = !strcmp(optarg, "cuda");
+			continue;
+		case 'G':
+			if (bench_parse_u32(optarg, 0, 1023, &o->device) < 0)
+				return usage_error("--device '%s': an ordinal, 0 to 1023", optarg);
+			device_given = true;
 			continue;
 		case 'h':
 			return 1;
@@ -1057,6 +1532,16 @@ static int parse(int argc, char **argv, struct decode_opts *o)
 		for (d = 0; d < DIMS; d++)
 			if (!given[d])
 				l[d] = quick[d];
+	if (o->cuda) {
+		if (given[THREADS] || isa_given)
+			return usage_error("--threads and --isa are the CPU's: --backend cuda has "
+					   "neither (its reference, kva_decode, takes the defaults)");
+		/* one configuration per shape: threads 0 is kva_decode's default
+		 * for the reference, and kva_decode_cuda ignores it */
+		l[THREADS] = (struct list){ { 0 }, 1 };
+	} else if (device_given) {
+		return usage_error("--device is for --backend cuda");
+	}
 	o->trials = trials ? trials : o->quick ? 2 : 7;
 	o->arena_mib = arena_given || !o->quick ? arena_mib : 0;
 	o->configs = malloc(sizeof(*o->configs) * MAX_CONFIGS);
@@ -1084,7 +1569,9 @@ static int check_memory(const struct decode_opts *o)
 		const struct config *c = &o->configs[i];
 
 		arena = fmax(arena, (double)arena_blocks(o, c) * (double)block_bytes(c));
-		buffer = fmax(buffer, (double)bytes_read(c));
+		/* the ceiling's read buffer is the CPU's: a GPU's copies its own memory */
+		if (!o->cuda)
+			buffer = fmax(buffer, (double)bytes_read(c));
 	}
 	if (phys > 0 && arena + buffer > 0.8 * phys)
 		return usage_error("the largest arena (%.1f GiB) and read buffer (%.1f GiB) need "
@@ -1095,6 +1582,7 @@ static int check_memory(const struct decode_opts *o)
 
 int bench_decode_main(int argc, char **argv)
 {
+	struct bench_gpu *g = NULL;
 	struct decode_opts o;
 	int ret;
 
@@ -1103,13 +1591,25 @@ int bench_decode_main(int argc, char **argv)
 			usage(stdout);
 		return ret > 0 ? 0 : ret == -EINVAL ? 2 : 1;
 	}
+	/* no GPU is a line and exit 0, whatever the configurations would need */
+	if (o.cuda && (ret = gpu_open(&o, &g)) != 0) {
+		free(o.configs);
+		return ret > 0 ? 0 : 1;
+	}
 	if ((ret = check_memory(&o)) < 0) {
+		bench_gpu_close(g);
 		free(o.configs);
 		return 2;
 	}
-	fprintf(stderr, "decode: %u configurations, %u trials each, isa %s\n", o.n, o.trials,
-		kva_isa_name(o.isa));
-	ret = run(&o);
+	if (o.cuda) {
+		fprintf(stderr, "decode: %u configurations, %u trials each, on GPU %u\n", o.n,
+			o.trials, o.device);
+		ret = gpu_run(&o, g);
+	} else {
+		fprintf(stderr, "decode: %u configurations, %u trials each, isa %s\n", o.n,
+			o.trials, kva_isa_name(o.isa));
+		ret = run(&o);
+	}
 	free(o.configs);
 	if (ret < 0 && ret != -EDOM)
 		fprintf(stderr, "kvarena-bench decode: failed: %s\n", strerror(-ret));

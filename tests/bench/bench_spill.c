@@ -31,6 +31,16 @@
  * "direct", "page_cache_growth" (bytes), "page_cache_ratio" (of the bytes
  * written), "idle_ns", "busy_ns"; and "isa", the record copy path of the
  * agent and the workers (--isa, through KVA_RECORD_ISA).
+ *
+ * --backend cuda (see "the GPU" below): the arena on a GPU and its host
+ * tier, no disk; lines of tier "host", ops "demote", "fetch", "fetch1", with
+ * "backend":"cuda", "device" (its name), "raw" (the copy the raw figures
+ * are of: "cuMemcpyDtoHAsync" or "cuMemcpyHtoDAsync", pinned host memory),
+ * "raw_copy_bytes" (the size of the one copy raw_gbps is of),
+ * "raw_block_gbps" (the same bytes in block-sized copies, queue_depth of
+ * them queued before each wait) and "block_ratio" (gbps / raw_block_gbps).
+ * No GPU to measure: the one line {"bench":"spill","backend":"cuda",
+ * "status":"no device","reason":"..."}, and exit status 0.
  */
 #include <errno.h>
 #include <fcntl.h>
@@ -61,6 +71,8 @@ struct opts {
 	uint32_t layers, qd, reps;
 	uint64_t mib;
 	bool quick;
+	bool cuda;           /* --backend cuda: the arena on GPU @device */
+	uint32_t device;
 };
 
 static void usage(FILE *f)
@@ -79,11 +91,18 @@ static void usage(FILE *f)
 "                  demotion of 100 ms, long enough that the agent's first\n"
 "                  wake-up and last round are not a tenth of it)\n"
 "  --qd N          the disk tier's io_uring queue depth and the raw I/O's\n"
-"                  (default 64)\n"
+"                  (default 64); cuda: block-sized copies queued per wait\n"
 "  --reps N        latency samples (default 200)\n"
 "  --agent PATH    the kvarena-agent (default %s)\n"
 "  --isa ISA       the record copy path of the agent and the workers: auto\n"
 "                  (default), sse2, avx2, avx512 (KVA_RECORD_ISA)\n"
+"  --backend B     host (default): as above; cuda: the arena on a GPU and its\n"
+"                  host tier, against cuMemcpyDtoHAsync / cuMemcpyHtoDAsync\n"
+"                  between device memory and pinned memory in the same run (no\n"
+"                  disk tier). Without a GPU (no driver, or the tests' driver\n"
+"                  stand-in): one \"no device\" line, exit 0\n"
+"  --device N      cuda: the device ordinal, for the bench and the agent\n"
+"                  (default 0)\n"
 "  --quick         a few MiB, a few samples: that it runs\n",
 		KVA_BENCH_AGENT);
 }
@@ -126,9 +145,12 @@ static int parse(int argc, char **argv, struct opts *o)
 		{ "agent", required_argument, NULL, 'a' },
 		{ "quick", no_argument, NULL, 'Q' },
 		{ "isa", required_argument, NULL, 'i' },
+		{ "backend", required_argument, NULL, 'B' },
+		{ "device", required_argument, NULL, 'G' },
 		{ "help", no_argument, NULL, 'h' },
 		{ NULL, 0, NULL, 0 },
 	};
+	bool device_given = false;
 	int c;
 
 	*o = (struct opts){ .agent = KVA_BENCH_AGENT, .dir = "/var/tmp", .layers = 4, .qd = 64,
@@ -147,6 +169,17 @@ static int parse(int argc, char **argv, struct opts *o)
 		case 'a': o->agent = optarg; break;
 		case 'Q': o->quick = true; break;
 		case 'i': o->isa = optarg; break;
+		case 'B':
+			if (strcmp(optarg, "host") && strcmp(optarg, "cuda")) {
+				fprintf(stderr, "spill: --backend host or cuda\n");
+				return -EINVAL;
+			}
+			o->cuda = !strcmp(optarg, "cuda");
+			break;
+		case 'G':
+			o->device = (uint32_t)strtoul(optarg, &end, 10);
+			device_given = true;
+			break;
 		case 'h': usage(stdout); return 1;
 		default:
 			fprintf(stderr, "spill: %s: unknown flag or missing value\n", argv[optind - 1]);
@@ -157,8 +190,14 @@ static int parse(int argc, char **argv, struct opts *o)
 			return -EINVAL;
 		}
 	}
-	if (!o->layers || o->layers > 64 || o->qd < 8 || o->qd > 4096 || !o->reps || !o->mib) {
-		fprintf(stderr, "spill: --layers 1..64, --qd 8..4096, --reps and --mib above 0\n");
+	if (!o->layers || o->layers > 64 || o->qd < 8 || o->qd > 4096 || !o->reps || !o->mib ||
+	    o->device > 1023) {
+		fprintf(stderr, "spill: --layers 1..64, --qd 8..4096, --reps and --mib above 0, "
+			"--device 0..1023\n");
+		return -EINVAL;
+	}
+	if (device_given && !o->cuda) {
+		fprintf(stderr, "spill: --device is for --backend cuda\n");
 		return -EINVAL;
 	}
 	if (o->quick) {
@@ -415,6 +454,7 @@ static int publish(struct kva_worker *w, uint32_t first, uint32_t docs, uint64_t
 {
 	struct kva_seq **seqs = calloc(docs, sizeof(*seqs));
 	int32_t tok[DOC * BT];
+	uint8_t head[4096];
 	int ret = 0;
 
 	if (!seqs)
@@ -427,8 +467,12 @@ static int publish(struct kva_worker *w, uint32_t first, uint32_t docs, uint64_t
 		    (ret = kva_seq_reserve(seqs[d], DOC * BT)) < 0)
 			break;
 		kva_seq_block_table(seqs[d], &ids, &nb, &nt);
-		for (uint32_t b = 0; b < DOC; b++)
-			memset(kva_block_data(w, ids[b]), (int)(first + d + b), 4096);
+		/* through kva_block_write, which copies wherever the blocks are:
+		 * on a GPU arena they are device memory the CPU must not touch */
+		for (uint32_t b = 0; b < DOC && !ret; b++) {
+			memset(head, (int)(first + d + b), sizeof(head));
+			ret = kva_block_write(w, ids[b], 0, head, sizeof(head));
+		}
 	}
 	*t0 = bench_now_ns();
 	for (uint32_t d = 0; d < docs && !ret; d++) {
@@ -863,6 +907,232 @@ out:
 	return ret;
 }
 
+/* ------------------------------------------------------------ the GPU */
+
+/*
+ * --backend cuda: the agent's arena in a GPU's memory (kvarena-agent
+ * --backend cuda) with a host tier, against what the device's copy engines
+ * do between device memory and pinned host memory, measured first, in this
+ * process (gpu_base):
+ *
+ *   host demote   published blocks copied down by the agent: per block a
+ *                 cuMemcpyDtoHAsync into its pinned host tier, a wait for its
+ *                 stream, XXH3 on the CPU; against the DtoH peak
+ *   host fetch    32-block prefixes brought back from the host tier, one at
+ *                 a time (the agent copies each block up: cuMemcpyHtoDAsync
+ *                 and a wait); against the HtoD peak; latency against 32
+ *                 block-sized HtoD copies queued at once
+ *   host fetch1   latency of 1 block, against one block-sized HtoD copy
+ *
+ * The peaks: one copy of GPU_PEAK_BYTES each way, the best of GPU_PEAK_REPS
+ * (raw_gbps, what the ratio is of); and the same bytes in copies of one
+ * block, --qd of them queued before each wait, the best likewise
+ * (raw_block_gbps: what copies of one block can get, their per-copy cost
+ * included). Wall clock, from the first copy queued until the wait for the
+ * stream returns, as the agent lives a copy.
+ */
+#define GPU_PEAK_BYTES (256ull << 20)
+#define GPU_PEAK_BYTES_QUICK (32ull << 20)
+#define GPU_PEAK_REPS 5u
+
+struct gpu_fig {
+	char device[512];           /* escaped for JSON */
+	uint64_t copy_bytes;        /* of each large copy */
+	double dtoh_gbps, htod_gbps, dtoh_block_gbps, htod_block_gbps;
+	double p50_1, p99_1, p50_32, p99_32; /* us: HtoD of 1 block, of DOC at once */
+};
+
+/* @bytes from @src to @dst in copies of @piece, @depth queued before each
+ * wait; the wall clock of it all, in ns */
+static int gpu_copy_run(struct bench_gpu *g, enum bench_gpu_dir dir, uint8_t *dst,
+			const uint8_t *src, uint64_t bytes, uint64_t piece, uint32_t depth,
+			double *ns)
+{
+	uint64_t t0 = bench_now_ns(), n = bytes / piece;
+	int ret = 0;
+
+	for (uint64_t i = 0; i < n && ret == 0; i++) {
+		ret = bench_gpu_copy_async(g, dir, dst + i * piece, src + i * piece, piece);
+		if (ret == 0 && ((i + 1) % depth == 0 || i + 1 == n))
+			ret = bench_gpu_sync(g);
+	}
+	*ns = (double)(bench_now_ns() - t0);
+	return ret;
+}
+
+/* the peaks and latencies of gpu_fig, on buffers of @bytes */
+static int gpu_measure(const struct opts *o, struct bench_gpu *g, uint8_t *host, uint8_t *dev,
+		       uint64_t bytes, uint64_t bb, struct gpu_fig *f)
+{
+	double best[4] = { INFINITY, INFINITY, INFINITY, INFINITY }, ns;
+	double *one = calloc(o->reps, sizeof(double)), *many = calloc(o->reps, sizeof(double));
+	uint64_t n = bytes / bb;
+	int ret = 0;
+
+	if (!one || !many) {
+		ret = -ENOMEM;
+		goto out;
+	}
+	/* unmeasured: the first copy maps what the driver maps lazily */
+	if ((ret = gpu_copy_run(g, BENCH_GPU_HTOD, dev, host, bytes, bytes, 1, &ns)) < 0 ||
+	    (ret = gpu_copy_run(g, BENCH_GPU_DTOH, host, dev, bytes, bytes, 1, &ns)) < 0)
+		goto out;
+	for (unsigned r = 0; r < (o->quick ? 2 : GPU_PEAK_REPS); r++) {
+		if ((ret = gpu_copy_run(g, BENCH_GPU_DTOH, host, dev, bytes, bytes, 1, &ns)) < 0)
+			goto out;
+		best[0] = fmin(best[0], ns);
+		if ((ret = gpu_copy_run(g, BENCH_GPU_HTOD, dev, host, bytes, bytes, 1, &ns)) < 0)
+			goto out;
+		best[1] = fmin(best[1], ns);
+		if ((ret = gpu_copy_run(g, BENCH_GPU_DTOH, host, dev, n * bb, bb, o->qd, &ns)) < 0)
+			goto out;
+		best[2] = fmin(best[2], ns);
+		if ((ret = gpu_copy_run(g, BENCH_GPU_HTOD, dev, host, n * bb, bb, o->qd, &ns)) < 0)
+			goto out;
+		best[3] = fmin(best[3], ns);
+	}
+	f->copy_bytes = bytes;
+	f->dtoh_gbps = (double)bytes / best[0];
+	f->htod_gbps = (double)bytes / best[1];
+	f->dtoh_block_gbps = (double)(n * bb) / best[2];
+	f->htod_block_gbps = (double)(n * bb) / best[3];
+	/* latency: one block alone; DOC blocks queued at once, one wait */
+	for (unsigned r = 0; r < o->reps; r++) {
+		uint64_t i = (uint64_t)r * 7919 % n, j = (uint64_t)r * 104729 % (n > DOC ? n - DOC : 1);
+		uint32_t m = n >= DOC ? DOC : (uint32_t)n;
+
+		if ((ret = gpu_copy_run(g, BENCH_GPU_HTOD, dev + i * bb, host + i * bb, bb, bb, 1,
+					&ns)) < 0)
+			goto out;
+		one[r] = ns / 1e3;
+		if ((ret = gpu_copy_run(g, BENCH_GPU_HTOD, dev + j * bb, host + j * bb, m * bb, bb,
+					m, &ns)) < 0)
+			goto out;
+		many[r] = ns / 1e3;
+	}
+	f->p50_1 = quantile(one, o->reps, 0.5);
+	f->p99_1 = quantile(one, o->reps, 0.99);
+	f->p50_32 = quantile(many, o->reps, 0.5);
+	f->p99_32 = quantile(many, o->reps, 0.99);
+out:
+	free(one);
+	free(many);
+	return ret;
+}
+
+/*
+ * gpu_base - the device's copy peaks, in this process, before the agent
+ * starts. Return: 0; 1 when there is no GPU to measure (one "no device"
+ * line printed); or -errno, told on stderr.
+ */
+static int gpu_base(const struct opts *o, uint64_t bb, struct gpu_fig *f)
+{
+	uint64_t bytes = (o->quick ? GPU_PEAK_BYTES_QUICK : GPU_PEAK_BYTES) / bb * bb;
+	struct bench_gpu *g;
+	void *host = NULL, *dev = NULL;
+	char why[512];
+	int ret = bench_gpu_open((int)o->device, &g, why, sizeof(why));
+
+	if (ret == -ENODEV)
+		return bench_gpu_no_device("spill", "no device", why) < 0 ? -EIO : 1;
+	if (ret < 0) {
+		fprintf(stderr, "spill: --backend cuda: %s\n", why);
+		return ret;
+	}
+	bench_json_escape(bench_gpu_name(g), f->device, sizeof(f->device));
+	if (!bytes) {
+		fprintf(stderr, "spill: a block of %llu KiB is more than the peaks' buffer\n",
+			(unsigned long long)bb >> 10);
+		ret = -EINVAL;
+	} else {
+		fprintf(stderr, "spill: GPU %d: %s; copy peaks over %llu MiB of pinned memory\n",
+			bench_gpu_ordinal(g), bench_gpu_name(g), (unsigned long long)bytes >> 20);
+	}
+	if (ret == 0 && (ret = bench_gpu_host_alloc(g, bytes, &host)) == 0 &&
+	    (ret = bench_gpu_alloc(g, bytes, &dev)) == 0) {
+		memset(host, 0x5a, bytes);
+		ret = gpu_measure(o, g, host, dev, bytes, bb, f);
+	}
+	bench_gpu_free(g, dev);
+	bench_gpu_host_free(g, host);
+	bench_gpu_close(g);
+	return ret;
+}
+
+static int run_gpu(const struct opts *o, uint64_t bb, uint32_t docs, const struct gpu_fig *pk)
+{
+	struct bench_agent ap = { .who = "spill" };
+	char blocks[32], host[32], layers[16], device[16], extra_buf[768];
+	const char *extra[] = { "--backend", "cuda", "--device", device, "--blocks", blocks,
+				"--layers", layers, "--kv-heads", "8", "--head-dim", "128",
+				"--block-tokens", "16", "--host-bytes", host, "--check-interval", "0",
+				"--log-level", "warn", NULL };
+	uint64_t total = (uint64_t)docs * DOC, t0, t1, bytes, ns;
+	double *lat = calloc(o->reps + docs, sizeof(double));
+	struct kva_arena *obs;
+	struct kva_worker *w;
+	unsigned n;
+	int ret;
+
+	snprintf(device, sizeof(device), "%u", o->device);
+	snprintf(blocks, sizeof(blocks), "%llu", (unsigned long long)(total + 2 * DOC));
+	snprintf(layers, sizeof(layers), "%u", o->layers);
+	snprintf(host, sizeof(host), "%llu",
+		 (unsigned long long)(kva_tier_record_bytes(bb) * (total + 64)));
+	if (!lat)
+		return -ENOMEM;
+	if ((ret = agent_up(o, &ap, extra, &obs, &w)) < 0) {
+		free(lat);
+		return ret;
+	}
+	/* demote: as run_host, after a first pass of other prefixes over the
+	 * whole host tier (the steady state: records dropped to make room) */
+	if ((ret = publish(w, docs, docs, &t0)) < 0 || (ret = wait_for(obs, BACKED, total, &t1)) < 0)
+		goto out;
+	evict_all(w);
+	if ((ret = publish(w, 0, docs, &t0)) < 0 ||
+	    (ret = wait_for(obs, BACKED, 2 * total, &t1)) < 0)
+		goto out;
+	snprintf(extra_buf, sizeof(extra_buf), ",\"backend\":\"cuda\",\"device\":\"%s\","
+		 "\"raw\":\"cuMemcpyDtoHAsync\",\"raw_copy_bytes\":%llu,\"raw_block_gbps\":%.3f,"
+		 "\"block_ratio\":%.3f", pk->device, (unsigned long long)pk->copy_bytes,
+		 pk->dtoh_block_gbps,
+		 (double)(total * bb) / (double)(t1 - t0) / pk->dtoh_block_gbps);
+	print_fig(&(struct fig){ .tier = "host", .op = "demote", .block_bytes = bb, .qd = o->qd,
+				 .bytes = total * bb, .blocks = total, .gbps =
+				 (double)(total * bb) / (double)(t1 - t0), .raw_gbps = pk->dtoh_gbps,
+				 .p50 = NAN, .extra = extra_buf });
+	/* fetch: 32-block prefixes one at a time, after an unmeasured pass */
+	evict_all(w);
+	if ((ret = fetch_docs(w, 0, docs, 1, DOC, KVA_TIER_HOST, lat, &n, &bytes, &ns)) < 0)
+		goto out;
+	evict_all(w);
+	if ((ret = fetch_docs(w, 0, docs, 1, DOC, KVA_TIER_HOST, lat, &n, &bytes, &ns)) < 0)
+		goto out;
+	snprintf(extra_buf, sizeof(extra_buf), ",\"backend\":\"cuda\",\"device\":\"%s\","
+		 "\"raw\":\"cuMemcpyHtoDAsync\",\"raw_copy_bytes\":%llu,\"raw_block_gbps\":%.3f,"
+		 "\"block_ratio\":%.3f", pk->device, (unsigned long long)pk->copy_bytes,
+		 pk->htod_block_gbps, (double)bytes / (double)ns / pk->htod_block_gbps);
+	print_fig(&(struct fig){ .tier = "host", .op = "fetch", .block_bytes = bb, .qd = o->qd,
+				 .bytes = bytes, .blocks = bytes / bb,
+				 .gbps = (double)bytes / (double)ns, .raw_gbps = pk->htod_gbps, .p50 = quantile(lat, n, 0.5),
+				 .p99 = quantile(lat, n, 0.99), .raw_p50 = pk->p50_32,
+				 .raw_p99 = pk->p99_32, .extra = extra_buf });
+	if ((ret = latency(w, docs, 1, KVA_TIER_HOST, o->reps, lat, &n)) < 0)
+		goto out;
+	snprintf(extra_buf, sizeof(extra_buf), ",\"backend\":\"cuda\",\"device\":\"%s\","
+		 "\"raw\":\"cuMemcpyHtoDAsync\"", pk->device);
+	print_fig(&(struct fig){ .tier = "host", .op = "fetch1", .block_bytes = bb, .qd = 1,
+				 .bytes = n * bb, .blocks = n, .gbps = NAN,
+				 .p50 = quantile(lat, n, 0.5), .p99 = quantile(lat, n, 0.99),
+				 .raw_p50 = pk->p50_1, .raw_p99 = pk->p99_1, .extra = extra_buf });
+out:
+	kva_detach(w);
+	kva_arena_close(obs);
+	free(lat);
+	return bench_agent_stop(&ap, ret);
+}
+
 int bench_spill_main(int argc, char **argv)
 {
 	struct opts o;
@@ -880,6 +1150,20 @@ int bench_spill_main(int argc, char **argv)
 		fprintf(stderr, "spill: --mib %llu is less than two prefixes of %u blocks of %llu "
 			"KiB\n", (unsigned long long)o.mib, DOC, (unsigned long long)bb >> 10);
 		return 2;
+	}
+	if (o.cuda) {
+		struct gpu_fig pk;
+
+		fprintf(stderr, "spill: %u prefixes of %u blocks of %llu KiB (%.0f MiB) on GPU %u, "
+			"queue depth %u\n", docs, DOC, (unsigned long long)bb >> 10,
+			(double)docs * DOC * bb / (1 << 20), o.device, o.qd);
+		if ((ret = gpu_base(&o, bb, &pk)) != 0)
+			return ret > 0 ? 0 : 1;
+		if ((ret = run_gpu(&o, bb, docs, &pk)) < 0) {
+			fprintf(stderr, "spill: %s\n", strerror(-ret));
+			return 1;
+		}
+		return 0;
 	}
 	fprintf(stderr, "spill: %u prefixes of %u blocks of %llu KiB (%.0f MiB), queue depth %u, "
 		"disk tier in %s\n", docs, DOC, (unsigned long long)bb >> 10,

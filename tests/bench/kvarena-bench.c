@@ -23,9 +23,11 @@ static const struct subcommand {
 	{ "reclaim-agent", "SIGKILL of an attached worker until the agent has freed its "
 			   "blocks", bench_reclaim_agent_main },
 	{ "decode", "kva_decode over an arena against the read bandwidth of the same "
-		    "threads and a naive decode", bench_decode_main },
+		    "threads and a naive decode; --backend cuda: kva_decode_cuda against "
+		    "cuMemcpyDtoD", bench_decode_main },
 	{ "spill", "the tiers below the arena (host memory, disk) against memcpy and raw "
-		   "io_uring O_DIRECT I/O", bench_spill_main },
+		   "io_uring O_DIRECT I/O; --backend cuda: a GPU arena's host tier against "
+		   "cuMemcpy", bench_spill_main },
 };
 
 #define N_SUBCOMMANDS (sizeof(subcommands) / sizeof(subcommands[0]))
