@@ -1003,15 +1003,15 @@ int kva_cuda_device_query(const char *device, struct kva_cuda_device *out)
 	out->posix_fd = out->vmm &&
 			attribute(&d, CU_DEVICE_ATTRIBUTE_HANDLE_TYPE_POSIX_FILE_DESCRIPTOR_SUPPORTED);
 	out->rdma = out->vmm && attribute(&d, CU_DEVICE_ATTRIBUTE_GPU_DIRECT_RDMA_WITH_CUDA_VMM_SUPPORTED);
-	if (out->vmm && (ret = granularity(&d, &out->granularity)) < 0)
-		return ret;
 	if ((ret = retain(&d)) < 0)
 		return ret;
+	/* in the device's context, as every other call here */
 	if ((ret = enter(&d)) == 0) {
-		r = drv.mem_get_info(&f, &t);
-		leave();
-		if (r != CU_SUCCESS)
+		if (out->vmm)
+			ret = granularity(&d, &out->granularity);
+		if (ret == 0 && (r = drv.mem_get_info(&f, &t)) != CU_SUCCESS)
 			ret = cu_fail(r, "cuMemGetInfo");
+		leave();
 	}
 	drv.primary_ctx_release(d.dev);
 	out->free_bytes = f;
