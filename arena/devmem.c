@@ -930,7 +930,9 @@ void kva__dev_queue_close(struct kva__dev_queue *q)
 	free(q);
 }
 
-int kva__dev_queue_to_host(struct kva__dev_queue *q, void *dst, uint64_t off, uint64_t len)
+/* one copy queued between @host and the region at @off: down (@to_host) or up */
+static int queue_copy(struct kva__dev_queue *q, bool to_host, void *host, uint64_t off,
+		      uint64_t len)
 {
 	cu_result r;
 	int ret;
@@ -939,28 +941,26 @@ int kva__dev_queue_to_host(struct kva__dev_queue *q, void *dst, uint64_t off, ui
 		return q->err;
 	if ((ret = in_region(q->d, off, len)) < 0 || (ret = enter(q->d)) < 0)
 		return q->err = ret;
-	r = drv.memcpy_dtoh_async(dst, q->d->base + off, len, q->s);
+	r = to_host ? drv.memcpy_dtoh_async(host, q->d->base + off, len, q->s)
+		    : drv.memcpy_htod_async(q->d->base + off, host, len, q->s);
 	leave();
 	if (r != CU_SUCCESS)
-		q->err = cu_fail(r, "cuMemcpyDtoHAsync of %llu bytes", (unsigned long long)len);
+		q->err = cu_fail(r, "%s of %llu bytes",
+				 to_host ? "cuMemcpyDtoHAsync" : "cuMemcpyHtoDAsync",
+				 (unsigned long long)len);
 	return q->err;
+}
+
+int kva__dev_queue_to_host(struct kva__dev_queue *q, void *dst, uint64_t off, uint64_t len)
+{
+	return queue_copy(q, true, dst, off, len);
 }
 
 int kva__dev_queue_from_host(struct kva__dev_queue *q, uint64_t off, const void *src,
 			     uint64_t len)
 {
-	cu_result r;
-	int ret;
-
-	if (q->err)
-		return q->err;
-	if ((ret = in_region(q->d, off, len)) < 0 || (ret = enter(q->d)) < 0)
-		return q->err = ret;
-	r = drv.memcpy_htod_async(q->d->base + off, src, len, q->s);
-	leave();
-	if (r != CU_SUCCESS)
-		q->err = cu_fail(r, "cuMemcpyHtoDAsync of %llu bytes", (unsigned long long)len);
-	return q->err;
+	/* the driver only reads @src: the cast is for the one helper */
+	return queue_copy(q, false, (void *)src, off, len);
 }
 
 int kva__dev_queue_wait(struct kva__dev_queue *q)

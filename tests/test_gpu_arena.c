@@ -381,35 +381,6 @@ static void test_chunks_beyond_one_message(void **state)
 	stop(&ag);
 }
 
-static void test_a_device_found_by_uuid_not_ordinal(void **state)
-{
-	static const struct env two = { { "KVA_CUDASTUB_DEVICES=2" } };
-	static const struct env sees_it = { { "KVA_CUDASTUB_DEVICES=2", "CUDA_VISIBLE_DEVICES=1" } };
-	static const struct env blind = { { "KVA_CUDASTUB_DEVICES=2", "CUDA_VISIBLE_DEVICES=0" } };
-	struct tu_agent ag;
-	struct kva_arena *a;
-	struct proc p;
-	char line[1024];
-
-	(void)state;
-	needs_stand_in();
-	/* device 1, named by a prefix of its UUID */
-	start(&ag, &two, (const char *[]){ "--memory", "8M", "--device", "GPU-6b766173-7475-622d-0000-000000000001", NULL });
-	a = observe(&ag);
-	assert_string_equal(kva_arena_info(a)->device_uuid, "GPU-6b766173-7475-622d-0000-000000000001");
-	assert_non_null(strstr(kva_arena_info(a)->device_name, "(device 1)"));
-	kva_arena_close(a);
-	/* a worker that sees it as its device 0 */
-	run_worker(&ag, &sees_it, (const char *[]){ "attach", NULL });
-	/* and one that does not see it at all */
-	spawn(&p, &ag, &blind, 0, (const char *[]){ "attach", NULL });
-	expect_exit(reap(&p, line, sizeof(line)), ATTACH_FAILED, "attach", line);
-	if (!strstr(line, "not visible") || !strstr(line, "CUDA_VISIBLE_DEVICES=0"))
-		fail_msg("a worker that cannot see the device was told: %s", line);
-	check_clean(&ag, 0);
-	stop(&ag);
-}
-
 /* the agent fails to start, exits 1 (not 87 or 88: nothing left), and says @why */
 static void agent_refuses(const struct env *e, const char *const *extra, const char *why)
 {
@@ -432,6 +403,39 @@ static void agent_refuses(const struct env *e, const char *const *extra, const c
 		fail_msg("the agent's log does not say \"%s\"", why);
 	}
 	tu_agent_cleanup(&ag);
+}
+
+static void test_a_device_found_by_uuid_not_ordinal(void **state)
+{
+	static const struct env two = { { "KVA_CUDASTUB_DEVICES=2" } };
+	static const struct env sees_it = { { "KVA_CUDASTUB_DEVICES=2", "CUDA_VISIBLE_DEVICES=1" } };
+	static const struct env blind = { { "KVA_CUDASTUB_DEVICES=2", "CUDA_VISIBLE_DEVICES=0" } };
+	struct tu_agent ag;
+	struct kva_arena *a;
+	struct proc p;
+	char line[1024];
+
+	(void)state;
+	needs_stand_in();
+	/* a prefix both devices' UUIDs share names neither */
+	agent_refuses(&two, (const char *[]){ "--memory", "8M", "--device", "GPU-6b766173", NULL },
+		      "names more than one device");
+	/* device 1, named by its UUID */
+	start(&ag, &two, (const char *[]){ "--memory", "8M", "--device",
+					   "GPU-6b766173-7475-622d-0000-000000000001", NULL });
+	a = observe(&ag);
+	assert_string_equal(kva_arena_info(a)->device_uuid, "GPU-6b766173-7475-622d-0000-000000000001");
+	assert_non_null(strstr(kva_arena_info(a)->device_name, "(device 1)"));
+	kva_arena_close(a);
+	/* a worker that sees it as its device 0 */
+	run_worker(&ag, &sees_it, (const char *[]){ "attach", NULL });
+	/* and one that does not see it at all */
+	spawn(&p, &ag, &blind, 0, (const char *[]){ "attach", NULL });
+	expect_exit(reap(&p, line, sizeof(line)), ATTACH_FAILED, "attach", line);
+	if (!strstr(line, "not visible") || !strstr(line, "CUDA_VISIBLE_DEVICES=0"))
+		fail_msg("a worker that cannot see the device was told: %s", line);
+	check_clean(&ag, 0);
+	stop(&ag);
 }
 
 static void test_injected_failures_end_in_clear_errors(void **state)
@@ -655,18 +659,6 @@ static void fetch(struct kva_worker *w, uint32_t d, uint32_t n, uint32_t from[3]
 	free(keys);
 }
 
-static void evict_all(struct kva_worker *w)
-{
-	uint32_t blocks = kva_arena_info(kva_worker_arena(w))->blocks, *ids, n = 0;
-
-	ids = malloc(sizeof(*ids) * blocks);
-	assert_non_null(ids);
-	while (n < blocks && kva_alloc(w, 1, ids + n) == 0)
-		n++;
-	assert_int_equal(kva_free(w, ids, n), 0);
-	free(ids);
-}
-
 static void wait_backed(const struct tu_agent *ag, uint64_t n)
 {
 	uint64_t t0 = now_ms();
@@ -703,11 +695,11 @@ static void test_blocks_spill_from_the_gpu_and_come_back(void **state)
 	for (uint32_t d = 0; d < 6; d++) {
 		publish(pub, d, 8);
 		wait_backed(&ag, 8 * (d + 1));
-		evict_all(pub);
+		assert_int_equal(tu_evict_all(pub), 0);
 	}
 	for (uint32_t d = 0; d < 6; d++) {
 		fetch(get, d, 8, from);
-		evict_all(get);
+		assert_int_equal(tu_evict_all(get), 0);
 	}
 	if (!from[1] || !from[2])
 		fail_msg("blocks came back from the arena %u, the host tier %u, the disk tier %u: "

@@ -260,19 +260,6 @@ static void publish_doc(struct kva_worker *w, uint32_t d, uint32_t n)
 	free(keys);
 }
 
-/* every cached block out of the arena: allocate all there is, free it */
-static void evict_all(struct kva_worker *w)
-{
-	uint32_t blocks = kva_arena_info(kva_worker_arena(w))->blocks, *ids, n = 0;
-
-	ids = malloc(sizeof(*ids) * blocks);
-	assert_non_null(ids);
-	while (n < blocks && kva_alloc(w, 1, ids + n) == 0)
-		n++;
-	assert_int_equal(kva_free(w, ids, n), 0);
-	free(ids);
-}
-
 /* the agent copied @n blocks below (backed) */
 static void wait_backed(const struct tu_agent *ag, uint64_t n)
 {
@@ -469,7 +456,7 @@ static void publish_evict(const struct tu_agent *ag, struct kva_worker *w, uint3
 	for (uint32_t d = 0; d < docs; d++) {
 		publish_doc(w, first + d, n);
 		wait_backed(ag, before + (uint64_t)n * (d + 1));
-		evict_all(w);
+		assert_int_equal(tu_evict_all(w), 0);
 	}
 }
 
@@ -545,7 +532,7 @@ static void round_trip(const char *dtype, const char *layout)
 	b = attach(&ag, "fetcher");
 	publish_doc(a, 1, 16);
 	wait_backed(&ag, 16);
-	evict_all(a);
+	assert_int_equal(tu_evict_all(a), 0);
 	g = get_doc(b, 1, 16, 5000);
 	if (g.tokens != 16 * 16 || g.bad || g.r.host_blocks != 16)
 		fail_msg("%s %s host: matched %zu + %zu below, fetched %zu tokens (%u host, %u disk, "
@@ -572,7 +559,7 @@ static void round_trip(const char *dtype, const char *layout)
 	for (uint32_t d = 0; d < 8; d++) {
 		publish_doc(a, 100 + d, 8);
 		wait_backed(&ag, 8 * (d + 1));
-		evict_all(a);
+		assert_int_equal(tu_evict_all(a), 0);
 	}
 	{
 		uint32_t disk = 0, host = 0;
@@ -586,7 +573,7 @@ static void round_trip(const char *dtype, const char *layout)
 					 g.r.failed_blocks, g.bad);
 			disk += g.r.disk_blocks;
 			host += g.r.host_blocks;
-			evict_all(b);
+			assert_int_equal(tu_evict_all(b), 0);
 		}
 		if (!disk)
 			fail_msg("%s %s: nothing came from the disk tier (%u from the host)", dtype,
@@ -704,7 +691,7 @@ static void faulty_disk(const char *inject, bool reads)
 		assert_int_equal(g.bad, 0);
 		served += g.r.host_blocks + g.r.disk_blocks;
 		failed += g.r.failed_blocks;
-		evict_all(w);
+		assert_int_equal(tu_evict_all(w), 0);
 	}
 	wait_tiers(&ag, ts, ts.tier[KVA_TIER_DISK].degraded);
 	if (!ts.tier[KVA_TIER_DISK].degraded || !ts.tier[KVA_TIER_DISK].io_errors)
@@ -943,7 +930,7 @@ static void test_the_disk_tier_survives_the_agent(void **state)
 			_exit(3);
 		for (uint32_t d = 0; d < 40; d++) {
 			publish_doc(v, 800 + d, 8);
-			evict_all(v);
+			assert_int_equal(tu_evict_all(v), 0);
 		}
 		_exit(0);
 	}
@@ -970,7 +957,7 @@ static void test_the_disk_tier_survives_the_agent(void **state)
 
 			assert_int_equal(g.bad, 0);
 			disk += g.r.disk_blocks;
-			evict_all(w);
+			assert_int_equal(tu_evict_all(w), 0);
 		}
 		if (disk < 40)
 			fail_msg("restart %d: %u blocks of the earlier run fetched from disk", life, disk);
@@ -1025,7 +1012,7 @@ static void test_no_o_direct_is_said_and_handled(void **state)
 			assert_int_equal(g.bad, 0);
 			assert_int_equal(g.tokens, 8 * 16);
 			disk += g.r.disk_blocks;
-			evict_all(w);
+			assert_int_equal(tu_evict_all(w), 0);
 		}
 		assert_true(disk > 0);
 	}
@@ -1196,7 +1183,7 @@ static void test_scribbled_tier_words_fool_nobody(void **state)
 
 			bad += g.bad;
 			served += g.r.host_blocks + g.r.disk_blocks;
-			evict_all(w);
+			assert_int_equal(tu_evict_all(w), 0);
 		}
 	}
 	assert_int_equal(waitpid(scrib, &status, 0), scrib);

@@ -150,6 +150,20 @@ bool tu_views_match(struct kva_arena *a, struct tu_view *const *views, uint32_t 
 	return !m->leaked && !m->double_owned && !m->refcount && !m->lost;
 }
 
+int tu_evict_all(struct kva_worker *w)
+{
+	uint32_t blocks = kva_arena_info(kva_worker_arena(w))->blocks, *ids, n = 0;
+	int ret;
+
+	if (!(ids = malloc(sizeof(*ids) * blocks)))
+		return -ENOMEM;
+	while (n < blocks && kva_alloc(w, 1, ids + n) == 0)
+		n++;
+	ret = kva_free(w, ids, n);
+	free(ids);
+	return ret;
+}
+
 pid_t tu_fork(void)
 {
 	pid_t parent = getpid(), pid = fork();

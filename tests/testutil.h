@@ -85,6 +85,10 @@ void tu_work_fini(struct tu_work *t);
 
 uint64_t tu_rand(uint64_t *s);
 
+/* Every cached block out of the arena: allocate all there is, free it.
+ * Return: 0, or kva_free's error, -ENOMEM. */
+int tu_evict_all(struct kva_worker *w);
+
 /* fork(), and the child dies with this process (a failed test leaves no
  * worker running). */
 pid_t tu_fork(void);
