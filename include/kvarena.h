@@ -644,6 +644,14 @@ struct kva_agent_info {
  */
 int kva_observe(const char *socket_path, struct kva_arena **out, struct kva_agent_info *info);
 
+/*
+ * kva_sizeof - sizeof(struct @type) as this library was built ("kva_stats"
+ * or "struct kva_stats"), for bindings that lay the public structs out
+ * themselves and must refuse a library of another layout; 0 for a name
+ * that is not a public struct.
+ */
+size_t kva_sizeof(const char *type);
+
 /* ------------------------------------------------------- inline fast path */
 
 /*

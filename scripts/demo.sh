@@ -22,7 +22,7 @@ cd "$(dirname "$0")/.." || exit 1
 
 . scripts/packages.sh
 ensure_packages demo.sh build-essential meson ninja-build pkg-config libxxhash-dev libnuma-dev \
-	libsystemd-dev libjson-c-dev || exit 1
+	libsystemd-dev libjson-c-dev libmicrohttpd-dev || exit 1
 
 # --blocks sets the agent's arena; --workers, the demo's, also the agent's
 # worker slots (one more, for the demo's parent); --backend cuda puts the
