@@ -18,7 +18,7 @@ ensure_packages test.sh \
 	clang libclang-rt-14-dev \
 	libxxhash-dev libnuma-dev liburing-dev libcmocka-dev \
 	libsystemd-dev libjson-c-dev libdpdk-dev libmicrohttpd-dev \
-	python3-pytest python3-numpy python3-prometheus-client ||
+	python3-pytest python3-numpy python3-prometheus-client help2man ||
 	exit 1
 # promtool (Debian's prometheus package) checks the agent's /metrics where
 # it can be installed; the metrics tests say so and go on without it
