@@ -1,8 +1,9 @@
 /* SPDX-License-Identifier: MIT */
 /*
  * kvarena-ctl - look at a running agent's arena: status, workers, the block
- * map, the invariant check. It attaches as an observer (a read-only mapping,
- * no slot) and reads shared memory; it changes nothing.
+ * map and its picture (ctl_picture.c), the invariant check, a live view
+ * (ctl_top.c). It attaches as an observer (a read-only mapping, no slot)
+ * and reads shared memory; it changes nothing.
  *
  * With --json every answer is JSON objects, one per line:
  *   status   {"arena","agent_pid","agent_state","total_blocks","free_blocks",
@@ -15,6 +16,24 @@
  *             "agent_state","agent_pid","uid","agent_agrees",
  *             "owned","shared","cached","refills","flushes","shares"}
  *   map      {"blocks","cells","width","rows":[...],"legend":{char: meaning}}
+ *   map --svg FILE / --html FILE (the picture, ctl_picture.c)
+ *            {"file","format","blocks","cells","blocks_per_cell","columns",
+ *             "states":{"free","owned","shared","cached","pinned","demoting",
+ *                       "fetching","corrupt"},"pinned_blocks",
+ *             "slots":[{"slot","name","pid","color","blocks"}]}
+ *   top      one object a refresh (ctl_top.c): {"time","interval_s","arena",
+ *             "agent_pid","agent_state","agent_uptime_s","workers",
+ *             "max_workers","total_blocks","free_blocks","owned_blocks",
+ *             "shared_blocks","shared_refs","prefix_cached_blocks",
+ *             "cached_blocks","pinned_blocks","demoting_blocks",
+ *             "fetching_blocks","corrupt_blocks","hits","misses","hit_ratio",
+ *             "hit_ratio_interval","rates":{"hits","misses","published",
+ *             "evictions","refills","flushes","shares","ended"},"open_seqs",
+ *             "reclaims_pending","repairs","tiers":{"host":{...},"disk":{...},
+ *             "fetched_per_s","backed_per_s"},"slots":[{"slot","name","pid",
+ *             "state","owned","shared","cached","open_seqs","inference",
+ *             "training","pinned","hits_per_s","misses_per_s",
+ *             "published_per_s","evictions_per_s"}]}
  *   check    {"ok","free_blocks","owned_blocks","shared_blocks","shared_refs",
  *             "bad_descriptors","stale_owners","dead_holders","hints_missing",
  *             "dead_slots","first_bad_block","cached_blocks","index_bad",
@@ -47,22 +66,13 @@
  */
 #include <errno.h>
 #include <json-c/json.h>
+#include <math.h>
 #include <stdbool.h>
 #include <stdio.h>
 #include <stdlib.h>
 #include <string.h>
 
-#include "kvarena.h"
-#include "text.h"
-
-struct ctl {
-	const char *socket;
-	const char *command;
-	bool json;
-	uint32_t width, rows;
-	struct kva_arena *a;
-	struct kva_agent_info agent;
-};
+#include "ctl_pvt.h"
 
 static const char *const slot_state[] = { "free", "joining", "live", "reclaiming" };
 static const char *const agent_state[] = { "none", "running", "stopping" };
@@ -77,6 +87,20 @@ static void usage(FILE *f)
 "  map [--width N] [--rows N]\n"
 "                    the block map: one character per block (or per run of\n"
 "                    blocks when --rows limits it), with a legend\n"
+"  map --svg FILE | --html FILE [--cells N] [--width N]\n"
+"                    a picture of the arena for a browser (FILE - : stdout):\n"
+"                    one cell per block, colored by state (free, each\n"
+"                    worker, shared, cached, pinned, being copied below or\n"
+"                    fetched, corrupt), or per group of blocks past N cells\n"
+"                    (default %u), its mix in stripes; a legend with counts;\n"
+"                    the arena's name, geometry, backend, totals. --width:\n"
+"                    cells a row. HTML: the picture and tables, nothing\n"
+"                    external, no script\n"
+"  top [--interval S] [--iterations N]\n"
+"                    the arena live, every S seconds (default 1) until q,\n"
+"                    ^C or N refreshes: blocks by state, hit ratio, rates,\n"
+"                    tiers, workers; on a terminal a screen, else one line\n"
+"                    a refresh (one JSON object with --json)\n"
 "  check             verify the arena's invariant; exit 1 if it is broken\n"
 "  prefix            the prefix index and cache: occupancy, hits, misses,\n"
 "                    evictions, usage by owner kind, quotas\n"
@@ -87,7 +111,7 @@ static void usage(FILE *f)
 "\n"
 "  --socket PATH     the agent's socket (default: $KVARENA_SOCKET, else %s)\n"
 "  --json            JSON objects, one per line\n",
-		KVA_DEFAULT_SOCKET);
+		CTL_CELLS, KVA_DEFAULT_SOCKET);
 }
 
 static int print_json(struct json_object *o)
@@ -304,6 +328,8 @@ static int cmd_map(struct ctl *c)
 	char *map;
 	int n;
 
+	if (c->picture)
+		return ctl_picture(c);
 	if (!c->json)
 		return kva_arena_map_print(c->a, stdout, width, c->rows) < 0;
 	if (c->rows && (uint64_t)width * c->rows < cells)
@@ -668,8 +694,53 @@ static int number(const char *flag, const char *v, uint32_t max, uint32_t *out)
 	return 0;
 }
 
+/* seconds between refreshes: 0.05 to a day, a plain number */
+static int seconds(const char *flag, const char *v, double *out)
+{
+	char *end;
+	double x;
+
+	errno = 0;
+	x = v ? strtod(v, &end) : NAN;
+	if (!v || errno || *end || !isfinite(x) || x < 0.05 || x > 86400) {
+		fprintf(stderr, "kvarena-ctl: %s needs seconds, 0.05 to 86400\n", flag);
+		return -EINVAL;
+	}
+	*out = x;
+	return 0;
+}
+
+/* the flags that belong to one command only, and what they go with */
+static int parse_check(struct ctl *c, bool map_flags, bool top_flags)
+{
+	if (map_flags && strcmp(c->command, "map")) {
+		fprintf(stderr, "kvarena-ctl: --svg, --html and --cells are map's\n");
+		return -EINVAL;
+	}
+	if (top_flags && strcmp(c->command, "top")) {
+		fprintf(stderr, "kvarena-ctl: --interval and --iterations are top's\n");
+		return -EINVAL;
+	}
+	if (c->cells && !c->picture) {
+		fprintf(stderr, "kvarena-ctl: --cells goes with --svg or --html\n");
+		return -EINVAL;
+	}
+	if (c->picture && c->rows) {
+		fprintf(stderr, "kvarena-ctl: --rows is the text map's; a picture takes --cells\n");
+		return -EINVAL;
+	}
+	if (c->picture && c->json && !strcmp(c->picture, "-")) {
+		fprintf(stderr, "kvarena-ctl: --json prints a summary on stdout: write the "
+			"picture to a file\n");
+		return -EINVAL;
+	}
+	return 0;
+}
+
 static int parse(int argc, char **argv, struct ctl *c)
 {
+	bool map_flags = false, top_flags = false;
+
 	for (int k = 1; k < argc; k++) {
 		const char *arg = argv[k];
 
@@ -685,6 +756,32 @@ static int parse(int argc, char **argv, struct ctl *c)
 		} else if (!strcmp(arg, "--rows")) {
 			if (number("--rows", k + 1 < argc ? argv[++k] : NULL, 1u << 20, &c->rows))
 				return -EINVAL;
+		} else if (!strcmp(arg, "--svg") || !strcmp(arg, "--html")) {
+			if (c->picture) {
+				fprintf(stderr, "kvarena-ctl: one picture at a time (--svg or "
+					"--html)\n");
+				return -EINVAL;
+			}
+			if (k + 1 >= argc || !argv[k + 1][0]) {
+				fprintf(stderr, "kvarena-ctl: %s needs a file (- for stdout)\n", arg);
+				return -EINVAL;
+			}
+			c->html = !strcmp(arg, "--html");
+			c->picture = argv[++k];
+			map_flags = true;
+		} else if (!strcmp(arg, "--cells")) {
+			if (number("--cells", k + 1 < argc ? argv[++k] : NULL, CTL_CELLS_MAX, &c->cells))
+				return -EINVAL;
+			map_flags = true;
+		} else if (!strcmp(arg, "--interval")) {
+			if (seconds("--interval", k + 1 < argc ? argv[++k] : NULL, &c->interval))
+				return -EINVAL;
+			top_flags = true;
+		} else if (!strcmp(arg, "--iterations")) {
+			if (number("--iterations", k + 1 < argc ? argv[++k] : NULL, 1u << 30,
+				   &c->iterations))
+				return -EINVAL;
+			top_flags = true;
 		} else if (!strcmp(arg, "--help") || !strcmp(arg, "-h")) {
 			usage(stdout);
 			exit(0);
@@ -700,7 +797,7 @@ static int parse(int argc, char **argv, struct ctl *c)
 		usage(stderr);
 		return -EINVAL;
 	}
-	return 0;
+	return parse_check(c, map_flags, top_flags);
 }
 
 int main(int argc, char **argv)
@@ -716,6 +813,7 @@ int main(int argc, char **argv)
 		{ "prefix", cmd_prefix },
 		{ "seqs", cmd_seqs },
 		{ "tiers", cmd_tiers },
+		{ "top", ctl_top },
 	};
 	struct ctl c = { 0 };
 	int ret;

@@ -18,8 +18,9 @@ static const struct {
 	size_t size;
 } sizes[] = {
 	S(kva_agent_info), S(kva_agent_report), S(kva_arena_info), S(kva_arena_opts),
-	S(kva_attach_times), S(kva_block_layout), S(kva_check_report), S(kva_cuda_device),
-	S(kva_cuda_opts), S(kva_decode_opts), S(kva_fetch_result), S(kva_geometry),
+	S(kva_attach_times), S(kva_block_layout), S(kva_block_state), S(kva_check_report),
+	S(kva_cuda_device), S(kva_cuda_opts), S(kva_decode_opts), S(kva_fetch_result),
+	S(kva_geometry),
 	S(kva_kv_desc), S(kva_match), S(kva_page_table), S(kva_prefix_stats), S(kva_quotas),
 	S(kva_reclaim_report), S(kva_seq_opts), S(kva_seq_slot_stats), S(kva_slot_stats),
 	S(kva_stats), S(kva_tier_stats), S(kva_tiers_stats), S(kva_worker_cache),

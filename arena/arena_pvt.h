@@ -489,14 +489,39 @@ static inline uint64_t kva__p_loc(uint64_t c)
  * evictor after its acquire CAS. Advisory in the other direction: a stale
  * or scribbled location costs a miss (the record, checked against the key,
  * does not match), never wrong data.
+ *
+ * pins: how many references pinned sequences (KVA_OWNER_PINNED) hold on the
+ * block, tagged with the descriptor epoch of the life they hold it in
+ * (kva__pins_make). A hint for ops tools' pictures alone: nothing decides
+ * from it (eviction reads the descriptor, which a pinned holder keeps
+ * SHARED or OWNED). Written by CAS (relaxed: it orders nothing) by each
+ * worker whose pinned sequence takes (prefix/seq.c: reserve, match, fork,
+ * the copy of a fork's partial block, a fetch's blocks) or drops (close,
+ * that copy) a reference, while it holds the block, so the epoch it tags
+ * with is the block's current one; a count of an earlier life is replaced,
+ * not added to. Read by kva_arena_block_states, relaxed, and believed only
+ * while its epoch is the descriptor's and someone holds the block. A
+ * pinned holder that dies, or leaves with its sequences open, never counts
+ * itself out: its count stays until the block's next life (freed, or
+ * evicted), so a block may show pinned for a while after its pinned
+ * holder died (held by others, or matched again from the cache). The
+ * epoch is 12 bits: a count 4096 lives old could be believed again.
  */
 struct kva__bmeta {
 	_Atomic uint64_t hint;
 	_Atomic uint64_t entry;
 	_Atomic uint64_t key[2];
 	_Atomic uint64_t backing;
-	uint64_t pad;
+	_Atomic uint64_t pins;
 };
+
+/* the pins word: the block's epoch (bits 32..43) | a count (bits 0..31) */
+static inline uint64_t kva__pins_make(uint64_t epoch, uint32_t count)
+{
+	return (epoch & KVA__D_EPOCH_MASK) << 32 | count;
+}
+static inline uint64_t kva__pins_epoch(uint64_t w) { return w >> 32; }
+static inline uint32_t kva__pins_count(uint64_t w) { return (uint32_t)w; }
 
 /*
  * A fetch request (prefix/fetch.c posts it, tiers/ serves it): bring the

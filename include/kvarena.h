@@ -504,6 +504,53 @@ char kva_slot_char(uint32_t slot);   /* '0'-'9', 'a'-'z', 'A'-'L' */
  */
 int kva_arena_map_print(struct kva_arena *a, FILE *f, uint32_t width, uint32_t rows);
 
+/*
+ * One block as ops tools draw it (kvarena-ctl map --svg): its state judged
+ * as kva_arena_map judges it (one classifier for both), its holders, and
+ * the pinned hint. A picture, read without locks from memory any worker
+ * can write: never a reason to touch a block.
+ */
+enum kva_block_kind {
+	KVA_BLOCK_FREE = 0,     /* '.' */
+	KVA_BLOCK_OWNED = 1,    /* held by one worker alone, its cache included: the slot's char */
+	KVA_BLOCK_SHARED = 2,   /* '#': held by references of one or more workers */
+	KVA_BLOCK_CACHED = 3,   /* '+': a published prefix block nobody holds (evictable) */
+	KVA_BLOCK_DEMOTING = 4, /* 'v': published, held by the agent's tier thread copying it below */
+	KVA_BLOCK_FETCHING = 5, /* '^': the destination of a fetch from a tier below */
+	KVA_BLOCK_BAD = 6,      /* '!': names no joined slot, or undecodable: corrupt or stale */
+};
+
+#define KVA_BLOCK_PINNED 0x1u    /* held, and pinned sequences hold it (a hint: .pins) */
+#define KVA_BLOCK_PUBLISHED 0x2u /* the prefix index may name it (cached ones always) */
+
+struct kva_block_state {
+	uint8_t kind;          /* enum kva_block_kind */
+	uint8_t flags;         /* KVA_BLOCK_PINNED, KVA_BLOCK_PUBLISHED */
+	uint8_t slot;          /* OWNED: the owner; SHARED, DEMOTING, FETCHING: the lowest
+				* holder; else 255 */
+	uint8_t holders;       /* slots holding it (OWNED: 1; FREE, CACHED, BAD: 0) */
+	uint16_t epoch;        /* the descriptor's epoch: bumped each time the block is freed */
+	uint16_t pins;         /* references of pinned sequences, as the hint says
+				* (saturated at 65535); 0 unless KVA_BLOCK_PINNED */
+	uint64_t holder_mask;  /* bit s: slot s holds it */
+};
+
+/*
+ * kva_arena_block_states - the state of blocks @first .. @first + @n - 1
+ * (clipped at the arena's end) into @out[0 ..], one descriptor read each:
+ * a snapshot that concurrent workers may be moving through, as
+ * kva_arena_map. A descriptor naming a slot that is not joined is read
+ * again against the slot words before it is called KVA_BLOCK_BAD.
+ * KVA_BLOCK_PINNED is a hint (the pins count of struct kva__bmeta, arena
+ * private): set while a pinned sequence (KVA_OWNER_PINNED) holds the
+ * block; one whose pinned holder died may stay pinned until the block is
+ * freed or evicted. Works on an observer's read-only mapping.
+ * Return: the number of blocks written (0 when @first is the block count),
+ * or -EINVAL (@a or @out NULL, @first past the block count).
+ */
+int kva_arena_block_states(const struct kva_arena *a, uint32_t first, uint32_t n,
+			   struct kva_block_state *out);
+
 /* --------------------------------------------------------------- recovery */
 
 struct kva_reclaim_report {

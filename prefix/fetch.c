@@ -497,6 +497,7 @@ static void finish(struct kva_seq *s, struct kva_fetch_result *r)
 		memmove(s->ids + at + prefix + 1, s->ids + at + prefix, reserved * sizeof(*s->ids));
 		s->ids[at + prefix] = b->dest;
 		s->n_blocks++;
+		kva__pins_add(s, &b->dest, 1, 1);
 		kva__publish_block(w, b->dest, bl->key,
 				   (at + prefix ? (uint64_t)s->ids[at + prefix - 1] + 1 : 0) |
 					   (uint64_t)depth << 32,

@@ -77,6 +77,8 @@ static inline uint32_t kva__btok(const struct kva_seq *s)
 }
 int kva__quota_take(struct kva_seq *s, uint64_t more);
 void kva__usage_add(struct kva_seq *s, int64_t n);
+/* the pinned hint of @ids (held by @s), @delta each, if @s is pinned */
+void kva__pins_add(struct kva_seq *s, const uint32_t *ids, size_t n, int delta);
 int kva__table_room(struct kva_seq *s, size_t n);
 bool kva__publish_block(struct kva_worker *w, uint32_t id, const uint64_t key[2], uint64_t info,
 			uint32_t depth, uint64_t backing);

@@ -42,6 +42,43 @@ void kva__usage_add(struct kva_seq *s, int64_t n)
 		u32_add(&s->w->slot->tenant_blocks[s->tenant_q], n);
 }
 
+/*
+ * kva__pins_add - the pinned hint of the blocks @ids of sequence @s (struct
+ * kva__bmeta.pins), @delta (+1 or -1) a block, if @s is pinned. Called
+ * while we hold every one of them (after taking, before dropping), so the
+ * epoch each is tagged with is its current life's: a count left by an
+ * earlier life is replaced, never added to. Relaxed throughout: a hint that
+ * orders nothing and that nothing decides from (kva_arena_block_states
+ * reads it for pictures); the CAS is for other workers' pinned sequences
+ * holding the same block. Killed half-way, some blocks are counted and
+ * others not: a picture off until their next life.
+ */
+void kva__pins_add(struct kva_seq *s, const uint32_t *ids, size_t n, int delta)
+{
+	struct kva_arena *a = s->w->arena;
+
+	if (s->kind != KVA_OWNER_PINNED)
+		return;
+	for (size_t k = 0; k < n; k++) {
+		uint32_t id = ids[k];
+		uint64_t e = kva__d_epoch(atomic_load_explicit(&s->w->desc[id], memory_order_relaxed));
+		_Atomic uint64_t *pins = &a->bmeta[id].pins;
+		uint64_t old = atomic_load_explicit(pins, memory_order_relaxed), nw;
+
+		do {
+			uint32_t count = kva__pins_epoch(old) == e ? kva__pins_count(old) : 0;
+
+			if (delta > 0)
+				nw = kva__pins_make(e, count == UINT32_MAX ? count : count + 1);
+			else if (count)
+				nw = kva__pins_make(e, count - 1);
+			else
+				break; /* an earlier life's count, or none: nothing of ours */
+		} while (!atomic_compare_exchange_weak_explicit(pins, &old, nw, memory_order_relaxed,
+								memory_order_relaxed));
+	}
+}
+
 static uint64_t sum_slots_kind(struct kva_arena *a, unsigned kind)
 {
 	uint64_t sum = 0;
@@ -180,6 +217,7 @@ static int reserve_blocks(struct kva_seq *s, size_t upto_tokens)
 		kva__usage_add(s, -(int64_t)need);
 		return ret;
 	}
+	kva__pins_add(s, s->ids + s->n_blocks, need, 1);
 	s->n_blocks += need;
 	return 0;
 }
@@ -368,6 +406,7 @@ static int match(struct kva_seq *s, const int32_t *tokens, size_t n, size_t *mat
 		memcpy(s->ids, tmp, m * sizeof(*tmp));
 		free(tmp);
 	}
+	kva__pins_add(s, s->ids, m, 1);
 	s->n_blocks += m;
 	s->n_tokens = m * bt;
 	s->n_hashed = m;
@@ -443,6 +482,8 @@ static int unshare_partial(struct kva_seq *s)
 		return ret;
 	}
 	s->ids[i] = fresh;
+	kva__pins_add(s, &fresh, 1, 1);
+	kva__pins_add(s, &old, 1, -1);
 	kva_free(w, &old, 1);
 	kva__usage_add(s, -1);
 	s->cow = false;
@@ -588,6 +629,7 @@ int kva_seq_fork(struct kva_seq *s, struct kva_seq **child)
 	memcpy(c->part, s->part, sizeof(int32_t) * kva__btok(s));
 	memcpy(c->ids, s->ids, used * sizeof(*s->ids));
 	c->n_blocks = used;
+	kva__pins_add(c, c->ids, used, 1);
 	u32_add(&s->w->slot->open_seqs, 1);
 	s->cow = c->cow = s->n_tokens % kva__btok(s) != 0;
 	*child = c;
@@ -625,6 +667,10 @@ void kva_seq_close(struct kva_seq *s)
 		 * depth orders them: the root counts as the most recent) */
 		for (size_t i = 0; i < s->n_hashed && i < s->n_blocks; i++)
 			kva__hint_touch(a, s->ids[i], tick, false);
+		/* counted out while we still hold them: after the free their
+		 * life may end (then the count no longer matters) or go on
+		 * with other holders (then it must be right) */
+		kva__pins_add(s, s->ids, s->n_blocks, -1);
 		if (s->n_blocks)
 			kva_free(w, s->ids, (uint32_t)s->n_blocks);
 		kva__usage_add(s, -(int64_t)s->n_blocks);

@@ -669,6 +669,292 @@ static void test_same_block_published_twice_converges(void **state)
 	kva_arena_close(a);
 }
 
+/* ------------------------------------------------- the pinned hint */
+
+/* block @id as ops tools see it (kva_arena_block_states) */
+static struct kva_block_state block_state(struct kva_arena *a, uint32_t id)
+{
+	struct kva_block_state b;
+
+	assert_int_equal(kva_arena_block_states(a, id, 1, &b), 1);
+	return b;
+}
+
+/* how many blocks are drawn pinned, and the largest count of one */
+static uint32_t pinned_blocks(struct kva_arena *a, uint32_t *max_pins)
+{
+	uint32_t blocks = kva_arena_info(a)->blocks, n = 0;
+	struct kva_block_state *b = calloc(blocks, sizeof(*b));
+
+	assert_non_null(b);
+	assert_int_equal(kva_arena_block_states(a, 0, blocks, b), (int)blocks);
+	if (max_pins)
+		*max_pins = 0;
+	for (uint32_t k = 0; k < blocks; k++) {
+		if (!(b[k].flags & KVA_BLOCK_PINNED)) {
+			assert_int_equal(b[k].pins, 0);
+			continue;
+		}
+		n++;
+		if (max_pins && b[k].pins > *max_pins)
+			*max_pins = b[k].pins;
+	}
+	free(b);
+	return n;
+}
+
+/*
+ * The pinned hint counts the references pinned sequences hold on a block:
+ * reserve, match and fork add theirs, the copy of a fork's partial block
+ * moves one, close takes them away; inference sequences never count; a
+ * cached block (nobody holds it) is never drawn pinned; and a count is of
+ * one life of the block: after an eviction the next pinned holder counts
+ * from one.
+ */
+static void test_pinned_hint_follows_pinned_sequences(void **state)
+{
+	struct kva_arena *a = tu_arena(64, KVA_CACHE_NONE, 4);
+	struct kva_seq_opts po = { .kind = KVA_OWNER_PINNED, .model = "m" };
+	struct kva_worker *w1, *w2, *w3;
+	struct kva_seq *p, *p2, *c, *inf, *s;
+	const uint32_t *pi, *ci;
+	size_t n, nt, m;
+	uint32_t full0, full1, part, max;
+	int32_t t[4 * BT];
+	struct kva_block_state b;
+	struct kva_prefix_stats ps;
+
+	(void)state;
+	assert_int_equal(kva_worker_join(a, "a", &w1), 0);
+	assert_int_equal(kva_worker_join(a, "b", &w2), 0);
+	make_tokens(11, 4 * BT, t);
+
+	/* a pinned sequence: two full blocks published, a partial one owned */
+	assert_int_equal(kva_seq_open(w1, &po, &p), 0);
+	assert_int_equal(kva_seq_append(p, t, 2 * BT + 3), 0);
+	kva_seq_block_table(p, &pi, &n, &nt);
+	assert_int_equal(n, 3);
+	full0 = pi[0], full1 = pi[1], part = pi[2];
+	b = block_state(a, full0);
+	assert_int_equal(b.kind, KVA_BLOCK_SHARED);
+	assert_true(b.flags & KVA_BLOCK_PINNED && b.flags & KVA_BLOCK_PUBLISHED);
+	assert_int_equal(b.pins, 1);
+	b = block_state(a, part);
+	assert_int_equal(b.kind, KVA_BLOCK_OWNED);
+	assert_int_equal(b.slot, kva_worker_slot(w1));
+	assert_true(b.flags & KVA_BLOCK_PINNED);
+	assert_int_equal(pinned_blocks(a, &max), 3);
+	assert_int_equal(max, 1);
+
+	/* another worker's inference sequence matches: held by two, still one pin */
+	assert_int_equal(kva_seq_open(w2, &infer, &inf), 0);
+	assert_int_equal(kva_seq_match(inf, t, 2 * BT, &m), 0);
+	assert_int_equal(m, 2 * BT);
+	b = block_state(a, full1);
+	assert_int_equal(b.holders, 2);
+	assert_int_equal(b.holder_mask, (1ull << kva_worker_slot(w1)) | (1ull << kva_worker_slot(w2)));
+	assert_int_equal(b.pins, 1);
+
+	/* a fork of the pinned sequence pins every block again */
+	assert_int_equal(kva_seq_fork(p, &c), 0);
+	assert_int_equal(block_state(a, full0).pins, 2);
+	assert_int_equal(block_state(a, part).pins, 2);
+	/* the child writes its own partial block: a copy, pinned once; the
+	 * shared one goes back to the parent's one pin */
+	assert_int_equal(kva_seq_append(c, t + 2 * BT + 3, 1), 0);
+	kva_seq_block_table(c, &ci, &n, &nt);
+	assert_int_not_equal(ci[2], part);
+	assert_int_equal(block_state(a, ci[2]).pins, 1);
+	assert_int_equal(block_state(a, part).pins, 1);
+	/* a second pinned sequence of the same worker matches the prefix */
+	assert_int_equal(kva_seq_open(w1, &po, &p2), 0);
+	assert_int_equal(kva_seq_match(p2, t, 2 * BT, &m), 0);
+	assert_int_equal(m, 2 * BT);
+	assert_int_equal(block_state(a, full0).pins, 3);
+	assert_int_equal(pinned_blocks(a, &max), 4);
+	assert_int_equal(max, 3);
+
+	/* closes count out; what the inference sequence holds stays held,
+	 * unpinned; the rest is cached (never drawn pinned) or free */
+	kva_seq_close(c);
+	assert_int_equal(block_state(a, full0).pins, 2);
+	kva_seq_close(p2);
+	kva_seq_close(p);
+	assert_int_equal(pinned_blocks(a, NULL), 0);
+	b = block_state(a, full0);
+	assert_int_equal(b.kind, KVA_BLOCK_SHARED);
+	assert_int_equal(b.holder_mask, 1ull << kva_worker_slot(w2));
+	assert_int_equal(block_state(a, part).kind, KVA_BLOCK_FREE);
+	kva_seq_close(inf);
+	assert_int_equal(block_state(a, full0).kind, KVA_BLOCK_CACHED);
+	/* an inference sequence alone never pins */
+	make_tokens(12, 2 * BT, t);
+	assert_int_equal(kva_seq_open(w2, &infer, &s), 0);
+	assert_int_equal(kva_seq_append(s, t, 2 * BT), 0);
+	assert_int_equal(pinned_blocks(a, NULL), 0);
+	kva_seq_close(s);
+
+	/* a pinned holder that leaves without closing (a process that
+	 * exits so) never counts out: its blocks are cached (not drawn
+	 * pinned); their next life starts over */
+	{
+		pid_t pid = tu_fork();
+		int st;
+
+		if (!pid) {
+			make_tokens(13, 2 * BT, t);
+			if (kva_worker_join(a, "c", &w3) || kva_seq_open(w3, &po, &p) ||
+			    kva_seq_append(p, t, 2 * BT) || pinned_blocks(a, NULL) != 2)
+				_exit(1);
+			kva_worker_leave(w3);
+			_exit(0);
+		}
+		assert_int_equal(waitpid(pid, &st, 0), pid);
+		assert_true(WIFEXITED(st) && WEXITSTATUS(st) == 0);
+	}
+	assert_int_equal(pinned_blocks(a, NULL), 0);
+	assert_int_equal(kva_arena_prefix_stats(a, &ps), 0);
+	assert_int_equal(ps.cached_blocks, 2 + 2 + 2);
+	{
+		uint32_t ids[64], got = 0;
+
+		/* everything, cached blocks evicted: each starts a new life */
+		while (got < 64 && kva_alloc(w1, 1, ids + got) == 0)
+			got++;
+		assert_int_equal(got, 64);
+		assert_int_equal(kva_free(w1, ids, got), 0);
+	}
+	make_tokens(14, 4 * BT, t);
+	assert_int_equal(kva_seq_open(w1, &po, &p), 0);
+	assert_int_equal(kva_seq_append(p, t, 4 * BT), 0);
+	assert_int_equal(pinned_blocks(a, &max), 4);
+	assert_int_equal(max, 1);
+	kva_seq_close(p);
+	assert_int_equal(pinned_blocks(a, NULL), 0);
+	check_arena(a);
+	kva_worker_leave(w1);
+	kva_worker_leave(w2);
+	kva_arena_close(a);
+}
+
+/*
+ * A pinned holder SIGKILLed: reclaim lets its blocks go (cached: not drawn
+ * pinned, whatever their counts say), and their next lives count from one.
+ */
+static void test_pinned_hint_after_sigkill(void **state)
+{
+	struct kva_arena *a = tu_arena(32, KVA_CACHE_NONE, 4);
+	struct kva_seq_opts po = { .kind = KVA_OWNER_PINNED, .model = "m" };
+	struct kva_worker *w;
+	struct kva_seq *p;
+	uint32_t ids[32], got = 0, max;
+	int fds[2], slot, st;
+	pid_t pid;
+	char ok;
+
+	(void)state;
+	assert_int_equal(pipe(fds), 0);
+	pid = tu_fork();
+	if (!pid) {
+		int32_t t[3 * BT];
+
+		make_tokens(21, 3 * BT, t);
+		if (kva_worker_join(a, "pinner", &w) || kva_seq_open(w, &po, &p) ||
+		    kva_seq_append(p, t, 3 * BT) || write(fds[1], "k", 1) != 1)
+			_exit(1);
+		pause();
+		_exit(0);
+	}
+	assert_int_equal(read(fds[0], &ok, 1), 1);
+	assert_int_equal(pinned_blocks(a, &max), 3);
+	assert_int_equal(max, 1);
+	slot = tu_slot_of(a, pid);
+	assert_true(slot >= 0);
+	kill(pid, SIGKILL);
+	assert_int_equal(waitpid(pid, &st, 0), pid);
+	assert_int_equal(kva_arena_reclaim(a, (uint32_t)slot, NULL), 0);
+	assert_int_equal(pinned_blocks(a, NULL), 0);
+	/* evicted and pinned again by a live worker: one pin each, not two */
+	assert_int_equal(kva_worker_join(a, "again", &w), 0);
+	while (got < 32 && kva_alloc(w, 1, ids + got) == 0)
+		got++;
+	assert_int_equal(got, 32);
+	assert_int_equal(kva_free(w, ids, got), 0);
+	{
+		int32_t t[32 * BT];
+
+		make_tokens(22, 32 * BT, t);
+		assert_int_equal(kva_seq_open(w, &po, &p), 0);
+		assert_int_equal(kva_seq_append(p, t, 32 * BT), 0);
+	}
+	assert_int_equal(pinned_blocks(a, &max), 32);
+	assert_int_equal(max, 1);
+	kva_seq_close(p);
+	assert_int_equal(pinned_blocks(a, NULL), 0);
+	check_arena(a);
+	kva_worker_leave(w);
+	close(fds[0]);
+	close(fds[1]);
+	kva_arena_close(a);
+}
+
+struct pin_race {
+	struct kva_arena *a;
+	int rounds;
+	_Atomic uint32_t errors;
+};
+
+/* pinned sequences of two workers matching and publishing one prefix at
+ * once: the counts' CAS under TSan, and every count back to zero */
+static void *pin_racer(void *arg)
+{
+	struct pin_race *q = arg;
+	struct kva_seq_opts po = { .kind = KVA_OWNER_PINNED, .model = "m" };
+	struct kva_worker *w;
+	int32_t t[4 * BT];
+
+	make_tokens(31, 4 * BT, t);
+	if (kva_worker_join(q->a, "racer", &w)) {
+		atomic_fetch_add(&q->errors, 1);
+		return NULL;
+	}
+	for (int r = 0; r < q->rounds; r++) {
+		struct kva_seq *s;
+		size_t m;
+
+		if (kva_seq_open(w, &po, &s) || kva_seq_match(s, t, 4 * BT, &m) ||
+		    kva_seq_reserve(s, 4 * BT - m) || kva_seq_append(s, t + m, 4 * BT - m))
+			atomic_fetch_add(&q->errors, 1);
+		kva_seq_close(s);
+	}
+	kva_worker_leave(w);
+	return NULL;
+}
+
+static void test_pinned_hint_threads(void **state)
+{
+	struct pin_race q = { .a = tu_arena(64, 4, 4), .rounds = 3000 };
+	pthread_t th[2];
+
+	(void)state;
+	for (int i = 0; i < 2; i++)
+		assert_int_equal(pthread_create(&th[i], NULL, pin_racer, &q), 0);
+	for (int i = 0; i < 2; i++)
+		pthread_join(th[i], NULL);
+	assert_int_equal(atomic_load(&q.errors), 0);
+	assert_int_equal(pinned_blocks(q.a, NULL), 0);
+	/* no count of any block's current life is left over */
+	for (uint32_t id = 0; id < 64; id++) {
+		uint64_t pins = atomic_load(&q.a->bmeta[id].pins);
+		uint64_t d = atomic_load(&q.a->desc[id]);
+
+		if (kva__pins_epoch(pins) == kva__d_epoch(d))
+			assert_int_equal(kva__pins_count(pins), 0);
+	}
+	check_arena(q.a);
+	kva_arena_close(q.a);
+}
+
 /* ------------------------------------------------------- processes */
 
 #define FAMILIES 24
@@ -839,6 +1125,9 @@ int main(void)
 		cmocka_unit_test(test_quota_holds_against_concurrent_reservers),
 		cmocka_unit_test(test_fork_copies_the_partial_block),
 		cmocka_unit_test(test_same_block_published_twice_converges),
+		cmocka_unit_test(test_pinned_hint_follows_pinned_sequences),
+		cmocka_unit_test(test_pinned_hint_after_sigkill),
+		cmocka_unit_test(test_pinned_hint_threads),
 		cmocka_unit_test(test_threads_match_publish_evict),
 		cmocka_unit_test(test_processes_match_publish_evict),
 		cmocka_unit_test(test_sigkill_during_publish_and_evict),
