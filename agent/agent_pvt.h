@@ -9,6 +9,7 @@
 #include <stdbool.h>
 #include <stdint.h>
 #include <string.h>
+#include <sys/socket.h>
 #include <sys/types.h>
 
 #include "kvarena.h"
@@ -57,11 +58,18 @@ struct agent_config {
 	bool prefault;               /* touch every page of the data region at start */
 	struct tier_config tiers;    /* the tiers below the arena (tiers/tiers.h) */
 	bool host_node_set;          /* --host-numa-node given (else --numa-node's) */
+	struct sockaddr_storage metrics_addr; /* --metrics (AF_INET, AF_INET6); AF_UNSPEC: off */
 };
 
 static inline bool agent_on_gpu(const struct agent_config *c)
 {
 	return !strcmp(c->backend, "cuda");
+}
+
+/* Prometheus metrics served (--metrics) */
+static inline bool agent_metrics_on(const struct agent_config *c)
+{
+	return c->metrics_addr.ss_family != AF_UNSPEC;
 }
 
 /* tiers on: a host tier, a disk tier, or both */
@@ -105,10 +113,30 @@ void agent_log_at(int level, const char *site, const char *fmt, ...)
 int agent_log_level_parse(const char *s);
 /* the count of lines a call site left out, once its second is over */
 void agent_log_flush(void);
+/* the events logged at @level (LOG_ERR, LOG_WARN) since the start, those the
+ * log level or the rate limit left out included: for the metrics */
+uint64_t agent_log_events(int level);
 
 /* server.c and slots.c */
 
-enum watch_kind { W_LISTEN, W_SIGNAL, W_TIMER, W_CONN, W_PIDFD };
+enum watch_kind { W_LISTEN, W_SIGNAL, W_TIMER, W_CONN, W_PIDFD, W_METRICS };
+
+/* why a connection was refused, for kvarena_refused_total{reason} */
+enum agent_refusal {
+	AR_NOT_ALLOWED,     /* uid and gids outside the allow policy */
+	AR_FULL,            /* no free worker slot */
+	AR_SLOT_LIMIT,      /* --max-slots-per-pid or --max-slots-per-uid */
+	AR_PENDING_LIMIT,   /* --max-pending(-per-uid): the oldest silent connection closed */
+	AR_HELLO_TIMEOUT,   /* no HELLO within --hello-timeout */
+	AR_PROTOCOL,        /* a malformed HELLO */
+	AR_VERSION,         /* another protocol version */
+	AR_PID_MISMATCH,    /* HELLO's pid is not the socket's */
+	AR_STOPPING,        /* the agent is shutting down */
+	AR_OUT_OF_FDS,      /* the agent is out of file descriptors */
+	AR_INTERNAL,        /* the agent failed (watching the process) */
+	AR_N
+};
+extern const char *const agent_refusal_name[AR_N];
 
 struct client;
 struct slot_entry;
@@ -174,7 +202,7 @@ struct agent {
 	int ep, lfd, sfd, tfd, spare_fd;
 	struct client **clients;  /* [max_clients] */
 	unsigned max_clients;
-	struct watch wlisten, wsignal, wtimer;
+	struct watch wlisten, wsignal, wtimer, wmetrics;
 	bool stopping, listen_paused;
 	uint64_t deadline_ns, last_check_ns, listen_resume_ns, listen_backoff_ms;
 	uint64_t next_tick_ns;    /* the tick runs by the clock (tick_if_due) */
@@ -182,6 +210,11 @@ struct agent {
 	uint64_t watch_gen;       /* bumped when a watch is freed or moved */
 	unsigned rr;              /* where the next epoll batch is read from */
 	uint64_t admitted, refused, reclaimed;
+	uint64_t refused_by[AR_N];  /* refused, by reason */
+	uint64_t reclaimed_blocks;  /* blocks the agent's reclaims freed */
+	uint32_t reclaims_pending;  /* as of the last tick */
+	uint64_t dev_free, dev_total; /* a GPU arena: the device's memory as last read */
+	struct metrics *metrics;    /* --metrics: the HTTP server (metrics.c); else NULL */
 	struct slot_entry slots[KVA_MAX_WORKERS];
 	uint32_t n_slots;
 	/* words only the agent writes, as it last wrote them */
@@ -215,7 +248,22 @@ unsigned slots_workers(const struct agent *ag);
 /* the agent changed a word it owns (state, policy...): remember it */
 void slots_words_changed(struct agent *ag);
 
+/* metrics.c: /metrics over HTTP (libmicrohttpd) in the agent's own loop */
+
+/* bind cfg->metrics_addr and serve it (its epoll fd watched as W_METRICS);
+ * 0 or a negative errno, the reason logged */
+int metrics_start(struct agent *ag);
+/* run MHD when its epoll fd is readable (@ready) or its timeout came, and
+ * cut connections past their deadline; from the loop, after every batch */
+void metrics_poll(struct agent *ag, bool ready);
+/* how long the loop may sleep for MHD's sake, at most @max_ms */
+int metrics_timeout_ms(struct agent *ag, int max_ms);
+void metrics_stop(struct agent *ag);
+
 /* server.c */
+
+/* connections waiting for their HELLO */
+unsigned agent_conns_waiting(const struct agent *ag);
 
 /* agent_serve - listen, admit, watch, reclaim, until SIGTERM/SIGINT. @self
  * and @tiers: the agent's own worker and its tiers, or NULL. */

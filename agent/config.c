@@ -11,6 +11,7 @@
 #include <inttypes.h>
 #include <limits.h>
 #include <math.h>
+#include <arpa/inet.h>
 #include <pwd.h>
 #include <stdio.h>
 #include <stdlib.h>
@@ -29,7 +30,8 @@ enum opt {
 	O_QUOTA_PINNED, O_TENANT_QUOTA, O_CACHE_LIMIT, O_MAX_PENDING, O_MAX_PENDING_UID,
 	O_HELLO_TIMEOUT, O_MAX_SLOTS_PID, O_MAX_SLOTS_UID, O_ALLOW_OVERCOMMIT, O_PREFAULT,
 	O_HOST_BYTES, O_HOST_NUMA_NODE, O_HOST_HUGEPAGES, O_DISK_DIR, O_DISK_BYTES, O_DISK_DIRECT,
-	O_DISK_QD, O_DEVICE, O_MEMORY_FRACTION, O_CHUNK_BYTES, O_IPC, O_CONFIG, O_HELP, O_VERSION,
+	O_DISK_QD, O_DEVICE, O_MEMORY_FRACTION, O_CHUNK_BYTES, O_IPC, O_METRICS, O_CONFIG, O_HELP,
+	O_VERSION,
 };
 
 static const struct option options[] = {
@@ -79,6 +81,7 @@ static const struct option options[] = {
 	{ "memory-fraction", required_argument, NULL, O_MEMORY_FRACTION },
 	{ "chunk-bytes", required_argument, NULL, O_CHUNK_BYTES },
 	{ "ipc", required_argument, NULL, O_IPC },
+	{ "metrics", required_argument, NULL, O_METRICS },
 	{ "config", required_argument, NULL, O_CONFIG },
 	{ "help", no_argument, NULL, O_HELP },
 	{ "version", no_argument, NULL, O_VERSION },
@@ -171,6 +174,12 @@ static void usage(FILE *f)
 "  --ipc M                auto (default): POSIX fds where the device has them,\n"
 "                         else legacy; fd: those or refuse to start; legacy: one\n"
 "                         cuMemAlloc shared by cuIpcGetMemHandle\n"
+"\n"
+"Prometheus metrics (off by default): GET /metrics over HTTP, served by the\n"
+"agent's own loop. Anyone who can reach the port can read them.\n"
+"  --metrics ADDR         PORT: 127.0.0.1:PORT (loopback); IPV4:PORT; [IPV6]:PORT\n"
+"                         (0.0.0.0:PORT or [::]:PORT: every address of the host);\n"
+"                         port 0: any free port (the log says which); off: none\n"
 "\n"
 "  --config FILE          read these settings from FILE first: one \"key = value\"\n"
 "                         per line, keys as the flags without dashes, each once\n"
@@ -309,6 +318,90 @@ static int parse_ids(const char *key, const char *v, bool group, uint32_t *ids, 
 		}
 		ids[(*n)++] = (uint32_t)id;
 	}
+	return 0;
+}
+
+/* a TCP port, 0 (any free one) to 65535: digits only */
+static int parse_port(const char *key, const char *v, const char *port, uint16_t *out)
+{
+	size_t n = strlen(port);
+
+	if (!n)
+		return bad(key, v, "no port: PORT, IPV4:PORT or [IPV6]:PORT");
+	if (strspn(port, "0123456789") != n)
+		return bad(key, v, "the port is not a number");
+	if (n > 5 || strtoul(port, NULL, 10) > 65535)
+		return bad(key, v, "the port is out of range 0..65535");
+	*out = (uint16_t)strtoul(port, NULL, 10);
+	return 0;
+}
+
+/*
+ * --metrics: where /metrics is served. "PORT" is 127.0.0.1:PORT: loopback
+ * unless the operator names another address, since anyone who can reach the
+ * port reads the arena's workers, names and counters. "IPV4:PORT",
+ * "[IPV6]:PORT", "off". Addresses only: a name would be resolved once, at
+ * start, to whatever the resolver said then. The family is set last: a
+ * value refused half-way leaves AF_UNSPEC (off).
+ */
+static int parse_metrics(const char *key, const char *v, struct sockaddr_storage *out)
+{
+	struct sockaddr_in *sa4 = (struct sockaddr_in *)out;
+	struct sockaddr_in6 *sa6 = (struct sockaddr_in6 *)out;
+	const char *port, *close;
+	char host[64];
+	uint16_t p;
+	size_t n;
+
+	memset(out, 0, sizeof(*out));
+	if (!strcmp(v, "off"))
+		return 0;
+	if (!*v)
+		return bad(key, v, "empty: PORT, IPV4:PORT, [IPV6]:PORT or off");
+	if (strspn(v, "0123456789") == strlen(v)) {
+		if (parse_port(key, v, v, &p) < 0)
+			return -EINVAL;
+		sa4->sin_addr.s_addr = htonl(INADDR_LOOPBACK);
+		sa4->sin_port = htons(p);
+		sa4->sin_family = AF_INET;
+		return 0;
+	}
+	if (*v == '[') {
+		close = strchr(v, ']');
+		if (!close || close[1] != ':')
+			return bad(key, v, "an IPv6 address and its port are written [ADDR]:PORT");
+		n = (size_t)(close - v - 1);
+		if (n >= sizeof(host))
+			return bad(key, v, "not an IPv6 address");
+		memcpy(host, v + 1, n);
+		host[n] = '\0';
+		if (strchr(host, '%'))
+			return bad(key, v, "a zone (%IFACE) is not taken: a global or loopback address");
+		if (inet_pton(AF_INET6, host, &sa6->sin6_addr) != 1)
+			return bad(key, v, "not an IPv6 address (names are not resolved)");
+		if (parse_port(key, v, close + 2, &p) < 0)
+			return -EINVAL;
+		sa6->sin6_port = htons(p);
+		sa6->sin6_family = AF_INET6;
+		return 0;
+	}
+	port = strrchr(v, ':');
+	if (!port)
+		return bad(key, v, "not a port: PORT, IPV4:PORT or [IPV6]:PORT");
+	n = (size_t)(port - v);
+	if (memchr(v, ':', n))
+		return bad(key, v, "an IPv6 address goes in brackets: [ADDR]:PORT");
+	if (n >= sizeof(host))
+		return bad(key, v, "not an IPv4 address");
+	memcpy(host, v, n);
+	host[n] = '\0';
+	if (inet_pton(AF_INET, host, &sa4->sin_addr) != 1)
+		return bad(key, v, "not an IPv4 address (names are not resolved: 127.0.0.1, "
+			   "0.0.0.0, or the address of one interface)");
+	if (parse_port(key, v, port + 1, &p) < 0)
+		return -EINVAL;
+	sa4->sin_port = htons(p);
+	sa4->sin_family = AF_INET;
 	return 0;
 }
 
@@ -492,6 +585,8 @@ static int set_option(struct agent_config *c, int opt, const char *key, const ch
 		return 0;
 	case O_DISK_QD:
 		return parse_u32(key, v, 8, 4096, &c->tiers.queue_depth);
+	case O_METRICS:
+		return parse_metrics(key, v, &c->metrics_addr);
 	case O_EVICT_POLICY:
 		if (kva_evict_policy_parse(v, &c->evict_policy) < 0)
 			return bad(key, v, "prefix or clock");

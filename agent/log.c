@@ -13,6 +13,7 @@
  */
 #include <pthread.h>
 #include <stdarg.h>
+#include <stdatomic.h>
 #include <stdbool.h>
 #include <stdio.h>
 #include <stdlib.h>
@@ -24,6 +25,27 @@
 #include "text.h"
 
 int agent_log_level = LOG_INFO;
+
+/*
+ * Errors and warnings, counted as they happen (kvarena_agent_log_messages_total):
+ * those the log level or the rate limit leave out too, since a flood that
+ * the log shows as one line a second is still a flood. Relaxed: a count
+ * for the metrics, which order nothing by it; the tier thread counts too.
+ */
+static _Atomic uint64_t events[LOG_WARN + 1];
+
+uint64_t agent_log_events(int level)
+{
+	return level >= 0 && level <= LOG_WARN
+		       ? atomic_load_explicit(&events[level], memory_order_relaxed)
+		       : 0;
+}
+
+static void count(int level)
+{
+	if (level >= 0 && level <= LOG_WARN)
+		atomic_fetch_add_explicit(&events[level], 1, memory_order_relaxed);
+}
 
 static const char *const names[] = { "error", "warn", "info", "debug" };
 static const int sd_prio[] = { 3, 4, 6, 7 }; /* LOG_ERR, LOG_WARNING, LOG_INFO, LOG_DEBUG */
@@ -76,6 +98,19 @@ static bool let_through(const char *fmt, unsigned *dropped_before)
 	return true;
 }
 
+static void vlog(int level, const char *site, const char *fmt, va_list ap);
+
+/* a line about lines already counted */
+static void log_uncounted(int level, const char *fmt, ...) __attribute__((format(printf, 2, 3)));
+static void log_uncounted(int level, const char *fmt, ...)
+{
+	va_list ap;
+
+	va_start(ap, fmt);
+	vlog(level, fmt, fmt, ap);
+	va_end(ap);
+}
+
 /*
  * agent_log_flush - on the clock: a call site whose second is over and that
  * left lines out says how many, even if it logs nothing more (a flood that
@@ -100,8 +135,8 @@ void agent_log_flush(void)
 	}
 	pthread_mutex_unlock(&sites_lock);
 	for (unsigned k = 0; k < n; k++)
-		agent_log(LOG_WARN, "%u more lines like \"%.60s\" were left out in the last second",
-			  said[k].dropped, said[k].fmt);
+		log_uncounted(LOG_WARN, "%u more lines like \"%.60s\" were left out in the last "
+			      "second", said[k].dropped, said[k].fmt);
 }
 
 static void vlog(int level, const char *site, const char *fmt, va_list ap)
@@ -151,6 +186,7 @@ void agent_log(int level, const char *fmt, ...)
 {
 	va_list ap;
 
+	count(level);
 	va_start(ap, fmt);
 	vlog(level, fmt, fmt, ap);
 	va_end(ap);
@@ -160,6 +196,7 @@ void agent_log_at(int level, const char *site, const char *fmt, ...)
 {
 	va_list ap;
 
+	count(level);
 	va_start(ap, fmt);
 	vlog(level, site, fmt, ap);
 	va_end(ap);

@@ -45,6 +45,13 @@
 #define TICK_MS 100
 #define LISTEN_BACKOFF_MAX_MS 1000
 
+const char *const agent_refusal_name[AR_N] = {
+	[AR_NOT_ALLOWED] = "not_allowed", [AR_FULL] = "full", [AR_SLOT_LIMIT] = "slot_limit",
+	[AR_PENDING_LIMIT] = "pending_limit", [AR_HELLO_TIMEOUT] = "hello_timeout",
+	[AR_PROTOCOL] = "protocol", [AR_VERSION] = "version", [AR_PID_MISMATCH] = "pid_mismatch",
+	[AR_STOPPING] = "stopping", [AR_OUT_OF_FDS] = "out_of_fds", [AR_INTERNAL] = "internal",
+};
+
 uint64_t agent_now_ns(void)
 {
 	struct timespec ts;
@@ -79,6 +86,16 @@ static void client_free(struct agent *ag, struct client *cl)
 		if (ag->clients[k] == cl)
 			ag->clients[k] = NULL;
 	free(cl);
+}
+
+/* connections waiting for their HELLO (the metrics) */
+unsigned agent_conns_waiting(const struct agent *ag)
+{
+	unsigned n = 0;
+
+	for (unsigned k = 0; k < ag->max_clients; k++)
+		n += ag->clients[k] && !ag->clients[k]->hello;
+	return n;
 }
 
 #define YOUNG_NS 100000000ull /* a connection this young is a client still sending its HELLO */
@@ -125,11 +142,19 @@ static void send_refuse(int fd, enum kva__refusal why, const char *text)
 	kva__sock_send(fd, &m, NULL, 0); /* best effort: it may be gone */
 }
 
-static int refuse(struct agent *ag, struct client *cl, enum kva__refusal why, const char *fmt,
-		  ...) __attribute__((format(printf, 4, 5)));
+/* a refusal counted, in all and by @reason (the metrics) */
+static void refused(struct agent *ag, enum agent_refusal reason)
+{
+	ag->refused++;
+	ag->refused_by[reason]++;
+}
 
-static int refuse(struct agent *ag, struct client *cl, enum kva__refusal why, const char *fmt,
-		   ...)
+static int refuse(struct agent *ag, struct client *cl, enum kva__refusal why,
+		  enum agent_refusal reason, const char *fmt, ...)
+	__attribute__((format(printf, 5, 6)));
+
+static int refuse(struct agent *ag, struct client *cl, enum kva__refusal why,
+		  enum agent_refusal reason, const char *fmt, ...)
 {
 	char text[KVA__TEXT_LEN];
 	va_list ap;
@@ -141,7 +166,7 @@ static int refuse(struct agent *ag, struct client *cl, enum kva__refusal why, co
 	log_warn("refused pid %d uid %u gid %u (\"%s\"): %s: %s", (int)cl->pid, (unsigned)cl->uid,
 		 (unsigned)cl->gid, cl->name, kva__refusal_name(why), text);
 	send_refuse(cl->fd, why, text);
-	ag->refused++;
+	refused(ag, reason);
 	client_free(ag, cl);
 	return 0;
 }
@@ -216,6 +241,7 @@ static void out_of_fds(struct agent *ag, int err)
 			send_refuse(fd, KVA__REFUSE_INTERNAL,
 				    "the agent is out of file descriptors: try again later");
 			close(fd);
+			refused(ag, AR_OUT_OF_FDS);
 		}
 		ag->spare_fd = open("/dev/null", O_RDONLY | O_CLOEXEC);
 	}
@@ -267,12 +293,12 @@ static void on_listen(struct agent *ag)
 		}
 		n = pending(ag, cred.uid, &of_uid, &oldest, &oldest_uid);
 		if (of_uid >= ag->cfg->max_pending_uid && oldest_uid)
-			refuse(ag, oldest_uid, KVA__REFUSE_LIMIT, "no HELLO, and %u connections of "
-			       "uid %u wait (--max-pending-per-uid): the oldest goes", of_uid,
-			       (unsigned)cred.uid);
+			refuse(ag, oldest_uid, KVA__REFUSE_LIMIT, AR_PENDING_LIMIT, "no HELLO, and "
+			       "%u connections of uid %u wait (--max-pending-per-uid): the oldest "
+			       "goes", of_uid, (unsigned)cred.uid);
 		else if (n >= ag->cfg->max_pending && oldest)
-			refuse(ag, oldest, KVA__REFUSE_LIMIT, "no HELLO, and %u connections wait "
-			       "(--max-pending): the oldest goes", n);
+			refuse(ag, oldest, KVA__REFUSE_LIMIT, AR_PENDING_LIMIT, "no HELLO, and %u "
+			       "connections wait (--max-pending): the oldest goes", n);
 		for (k = 0; k < ag->max_clients && ag->clients[k]; k++)
 			;
 		cl = k < ag->max_clients ? calloc(1, sizeof(*cl)) : NULL;
@@ -282,7 +308,7 @@ static void on_listen(struct agent *ag)
 			send_refuse(fd, KVA__REFUSE_LIMIT, "the agent has no room for a connection: "
 				    "try again");
 			close(fd);
-			ag->refused++;
+			refused(ag, AR_PENDING_LIMIT);
 			continue;
 		}
 		*cl = (struct client){ .fd = fd, .pid = cred.pid, .uid = cred.uid, .gid = cred.gid,
@@ -456,26 +482,27 @@ static int on_hello(struct agent *ag, struct client *cl, const char *buf, int n)
 	bool observer;
 
 	if (version >= 0 && version != KVA__PROTO_VERSION)
-		return refuse(ag, cl, KVA__REFUSE_VERSION, "the agent speaks protocol %u, not %d",
-			      KVA__PROTO_VERSION, version);
+		return refuse(ag, cl, KVA__REFUSE_VERSION, AR_VERSION, "the agent speaks protocol "
+			      "%u, not %d", KVA__PROTO_VERSION, version);
 	if ((ret = kva__msg_decode(buf, (size_t)n, 0, &m)) < 0)
-		return refuse(ag, cl, KVA__REFUSE_PROTOCOL, "%s", kva_errmsg());
+		return refuse(ag, cl, KVA__REFUSE_PROTOCOL, AR_PROTOCOL, "%s", kva_errmsg());
 	if (m.h.type != KVA__MSG_HELLO)
-		return refuse(ag, cl, KVA__REFUSE_PROTOCOL, "expected HELLO, got %s",
+		return refuse(ag, cl, KVA__REFUSE_PROTOCOL, AR_PROTOCOL, "expected HELLO, got %s",
 			      kva__msg_type_name(m.h.type));
 	if (!agent_name_ok(m.hello.name, sizeof(m.hello.name) - 1))
-		return refuse(ag, cl, KVA__REFUSE_PROTOCOL, "the worker's name must be printable "
-			      "UTF-8 of at most %zu bytes", sizeof(m.hello.name) - 1);
+		return refuse(ag, cl, KVA__REFUSE_PROTOCOL, AR_PROTOCOL, "the worker's name must be "
+			      "printable UTF-8 of at most %zu bytes", sizeof(m.hello.name) - 1);
 	memcpy(cl->name, m.hello.name, sizeof(cl->name));
 	observer = m.hello.flags & KVA__HELLO_OBSERVER;
 	if (m.hello.pid != cl->pid)
-		return refuse(ag, cl, KVA__REFUSE_PID_MISMATCH, "HELLO says pid %d, the socket "
-			      "says %d", m.hello.pid, (int)cl->pid);
+		return refuse(ag, cl, KVA__REFUSE_PID_MISMATCH, AR_PID_MISMATCH, "HELLO says pid %d, "
+			      "the socket says %d", m.hello.pid, (int)cl->pid);
 	if (!allowed(ag->cfg, cl->fd, cl->uid, cl->gid))
-		return refuse(ag, cl, KVA__REFUSE_NOT_ALLOWED, "uid %u gid %u is not in the "
-			      "agent's allow policy", (unsigned)cl->uid, (unsigned)cl->gid);
+		return refuse(ag, cl, KVA__REFUSE_NOT_ALLOWED, AR_NOT_ALLOWED, "uid %u gid %u is not "
+			      "in the agent's allow policy", (unsigned)cl->uid, (unsigned)cl->gid);
 	if (ag->stopping)
-		return refuse(ag, cl, KVA__REFUSE_STOPPING, "the agent is shutting down");
+		return refuse(ag, cl, KVA__REFUSE_STOPPING, AR_STOPPING,
+			      "the agent is shutting down");
 	if (observer)
 		return welcome(ag, cl, true);
 	if ((ret = slots_admit(ag, cl, why, sizeof(why))) == -EDQUOT || ret == -EUSERS) {
@@ -489,7 +516,9 @@ static int on_hello(struct agent *ag, struct client *cl, const char *buf, int n)
 	if (ret < 0)
 		return refuse(ag, cl, ret == -EUSERS   ? KVA__REFUSE_FULL
 				      : ret == -EDQUOT ? KVA__REFUSE_LIMIT
-						       : KVA__REFUSE_INTERNAL, "%s", why);
+						       : KVA__REFUSE_INTERNAL,
+			      ret == -EUSERS ? AR_FULL : ret == -EDQUOT ? AR_SLOT_LIMIT : AR_INTERNAL,
+			      "%s", why);
 	return welcome(ag, cl, false);
 }
 
@@ -514,15 +543,15 @@ static int on_conn(struct agent *ag, struct client *cl)
 	if (n == -ETIMEDOUT)
 		return 0;
 	if (n == -EPROTO && !cl->hello) /* too long, or with too many fds */
-		return refuse(ag, cl, KVA__REFUSE_PROTOCOL, "%s", kva_errmsg());
+		return refuse(ag, cl, KVA__REFUSE_PROTOCOL, AR_PROTOCOL, "%s", kva_errmsg());
 	if (n < 0)
 		return conn_ended(ag, cl, n == -ECONNRESET ? NULL : kva_errmsg());
 	if (nfds) { /* nobody sends the agent fds */
 		while (nfds)
 			close(fds[--nfds]);
 		if (!cl->hello)
-			return refuse(ag, cl, KVA__REFUSE_PROTOCOL, "file descriptors sent with a "
-				      "HELLO");
+			return refuse(ag, cl, KVA__REFUSE_PROTOCOL, AR_PROTOCOL, "file descriptors sent "
+				      "with a HELLO");
 		log_warn("pid %d sent file descriptors: protocol error", (int)cl->pid);
 		return conn_ended(ag, cl, "protocol: unexpected file descriptors");
 	}
@@ -550,6 +579,20 @@ static int on_conn(struct agent *ag, struct client *cl)
 /* ------------------------------------------------------------ the clock */
 
 /*
+ * The timerfd is read whenever it fires, due or not: epoll is level-triggered,
+ * and a timer left unread between its expiry and the tick's clock (they
+ * drift apart by the time a turn takes) made every epoll_wait return at once,
+ * a busy loop of a few milliseconds in every hundred.
+ */
+static void on_timer(struct agent *ag)
+{
+	uint64_t ticks;
+
+	if (read(ag->tfd, &ticks, sizeof(ticks)) < 0 && errno != EAGAIN)
+		log_debug("timerfd: %s", strerror(errno));
+}
+
+/*
  * The tick runs by the clock, not by the timer's turn in epoll: a batch
  * is cut short whenever an event frees a watch, and a flood of connections
  * that each end at once would otherwise keep the timer at the back of every
@@ -558,21 +601,19 @@ static int on_conn(struct agent *ag, struct client *cl)
  */
 static void tick_if_due(struct agent *ag)
 {
-	uint64_t ticks, now = agent_now_ns();
+	uint64_t now = agent_now_ns();
 	uint64_t deadline = (uint64_t)ag->cfg->hello_timeout_ms * 1000000ull;
 
 	if (now < ag->next_tick_ns)
 		return;
 	ag->next_tick_ns = now + TICK_MS * 1000000ull;
-	if (read(ag->tfd, &ticks, sizeof(ticks)) < 0 && errno != EAGAIN)
-		log_debug("timerfd: %s", strerror(errno));
 	/* connections that did not say HELLO in time */
 	for (unsigned k = 0; k < ag->max_clients; k++) {
 		struct client *cl = ag->clients[k];
 
 		if (cl && !cl->hello && now - cl->since_ns > deadline)
-			refuse(ag, cl, KVA__REFUSE_PROTOCOL, "no HELLO within %.1f s "
-			       "(--hello-timeout)", ag->cfg->hello_timeout_ms / 1000.0);
+			refuse(ag, cl, KVA__REFUSE_PROTOCOL, AR_HELLO_TIMEOUT, "no HELLO within "
+			       "%.1f s (--hello-timeout)", ag->cfg->hello_timeout_ms / 1000.0);
 	}
 	if (ag->listen_paused && now >= ag->listen_resume_ns && ag->lfd >= 0) {
 		ag->listen_paused = agent_watch(ag, ag->lfd, &ag->wlisten) < 0;
@@ -585,9 +626,11 @@ static void tick_if_due(struct agent *ag)
 
 		/* for ops tools (kvarena-ctl status): once a second is enough */
 		ag->next_dev_ns = now + 1000000000ull;
-		if (kva__dev_mem_info(ag->a->dev, &f, &t) == 0)
+		if (kva__dev_mem_info(ag->a->dev, &f, &t) == 0) {
 			kva__view_set_device(ag->a, f, t);
-		else
+			ag->dev_free = f;
+			ag->dev_total = t;
+		} else
 			agent_log_at(LOG_WARN, "cuMemGetInfo", "the device's memory: %s",
 				     kva_errmsg());
 	}
@@ -691,6 +734,10 @@ int agent_serve(const struct agent_config *c, struct kva_arena *a, struct kva_wo
 		log_err("setting up the event loop: %s", strerror(errno));
 		goto out;
 	}
+	/* the metrics port first: a port taken is a start-up error before any
+	 * worker could have seen this agent */
+	if (agent_metrics_on(c) && (ret = metrics_start(&ag)) < 0)
+		goto out;
 	if ((ret = listen_socket(c, &ag.lfd)) < 0)
 		goto out;
 	ag.wlisten = (struct watch){ W_LISTEN, NULL, NULL };
@@ -707,8 +754,11 @@ int agent_serve(const struct agent_config *c, struct kva_arena *a, struct kva_wo
 	if (a->dev) {
 		uint64_t f, t;
 
-		if (kva__dev_mem_info(a->dev, &f, &t) == 0)
+		if (kva__dev_mem_info(a->dev, &f, &t) == 0) {
 			kva__view_set_device(a, f, t);
+			ag.dev_free = f;
+			ag.dev_total = t;
+		}
 	}
 	{
 		char ids[256] = "";
@@ -731,7 +781,7 @@ int agent_serve(const struct agent_config *c, struct kva_arena *a, struct kva_wo
 
 	while (!ag.stopping || (slots_workers(&ag) && agent_now_ns() < ag.deadline_ns)) {
 		struct epoll_event ev[32];
-		int n = epoll_wait(ag.ep, ev, 32, TICK_MS);
+		int n = epoll_wait(ag.ep, ev, 32, metrics_timeout_ms(&ag, TICK_MS));
 
 		if (n < 0 && errno != EINTR) {
 			ret = -errno;
@@ -757,12 +807,16 @@ int agent_serve(const struct agent_config *c, struct kva_arena *a, struct kva_wo
 				on_signal(&ag);
 				break;
 			case W_TIMER:
-				break; /* tick_if_due() below */
+				on_timer(&ag); /* the tick itself: tick_if_due() below */
+				break;
 			case W_CONN:
 				on_conn(&ag, w->c);
 				break;
 			case W_PIDFD:
 				slots_exited(&ag, w->e);
+				break;
+			case W_METRICS:
+				metrics_poll(&ag, true);
 				break;
 			}
 			/* An event that freed a client or moved a watch leaves
@@ -773,6 +827,7 @@ int agent_serve(const struct agent_config *c, struct kva_arena *a, struct kva_wo
 				break;
 		}
 		tick_if_due(&ag);
+		metrics_poll(&ag, false);
 	}
 	if (slots_workers(&ag))
 		log_warn("%u workers still attached after the grace period; their mappings "
@@ -786,6 +841,7 @@ out:
 		for (unsigned k = 0; k < ag.max_clients; k++)
 			if (ag.clients[k])
 				client_free(&ag, ag.clients[k]);
+	metrics_stop(&ag);
 	if (ag.words)
 		slots_fini(&ag);
 	if (ag.lfd >= 0) {

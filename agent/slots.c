@@ -299,6 +299,7 @@ static void try_reclaim(struct agent *ag, struct slot_entry *e)
 	if (ret == 0 || ret == -ENOENT) {
 		if (ret == 0) {
 			ag->reclaimed++;
+			ag->reclaimed_blocks += (uint64_t)r.owned_freed + r.shared_freed;
 			log_info("worker \"%s\" pid %d died holding slot %u: reclaimed %u blocks "
 				 "(its cache included) and its hold on %u shared blocks (%u freed) "
 				 "in %.3f ms", e->name, (int)e->pid, e->slot, r.owned_freed,
@@ -581,6 +582,7 @@ void slots_tick(struct agent *ag)
 		kva__view_set_slot(ag->a, s, e->kind, e->gen, e->pid, (uint32_t)e->uid, ms);
 	}
 	kva__view_set(ag->a, ag->repairs, ag->last_repair, pending);
+	ag->reclaims_pending = pending;
 }
 
 /* ------------------------------------------------------------ the check */
