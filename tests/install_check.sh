@@ -1,17 +1,19 @@
 #!/usr/bin/env bash
-# tests/install_check.sh BUILD PREFIX BINDIR LIBDIR INCLUDEDIR MANDIR UNITDIR SANITIZE
+# tests/install_check.sh BUILD PREFIX BINDIR LIBDIR INCLUDEDIR MANDIR UNITDIR SANITIZE PYDIR
 # - the `install` test: `meson install` of this build tree into a scratch
 # DESTDIR, then what an engine developer and an operator use of it: the
 # header and the library through pkg-config (a program built and run
-# against them), the binaries, the man pages (rendered, no warning), the
-# systemd units (the installed agent's path in ExecStart).
+# against them), the Python package (imported from where it was put, over
+# the installed library), the binaries, the man pages (rendered, no
+# warning), the systemd units (the installed agent's path in ExecStart).
 set -euo pipefail
 
-if (($# != 8)); then
-	echo "usage: install_check.sh BUILD PREFIX BINDIR LIBDIR INCLUDEDIR MANDIR UNITDIR SANITIZE" >&2
+if (($# != 9)); then
+	echo "usage: install_check.sh BUILD PREFIX BINDIR LIBDIR INCLUDEDIR MANDIR UNITDIR SANITIZE PYDIR" >&2
 	exit 2
 fi
-build=$1 prefix=$2 bindir=$3 libdir=$4 includedir=$5 mandir=$6 unitdir=$7 sanitize=$8
+build=$1 prefix=$2 bindir=$3 libdir=$4 includedir=$5 mandir=$6 unitdir=$7 sanitize=$8 pydir=$9
+pydir=${pydir%/}
 if [[ $sanitize != none ]]; then
 	# a program built against a sanitized library needs the sanitizer's
 	# flags too: the release tree checks the install
@@ -63,6 +65,19 @@ cc -std=c11 -o "$dest/engine" "$dest/engine.c" $flags || fail "a program does no
 [[ $(LD_LIBRARY_PATH=$root/$libdir "$root/$bindir/kvarena-agent" --version) == kvarena-agent* ]] ||
 	fail "the installed kvarena-agent does not run"
 
+# the Python package, if this build found Debian's python3: imported from
+# where it was put, over the installed library
+if [[ -n $pydir ]]; then
+	[[ -e $dest$pydir/kvarena/__init__.py && -e $dest$pydir/kvarena/py.typed ]] ||
+		fail "the Python package was not installed in $pydir"
+	got=$(PYTHONPATH=$dest$pydir KVARENA_LIB=$root/$libdir/libkvarena.so /usr/bin/python3 -c \
+		'import kvarena; print(kvarena.__file__, kvarena.__version__)') ||
+		fail "the installed Python package does not import"
+	[[ $got == "$dest$pydir/kvarena/__init__.py"* ]] || fail "python imported another kvarena: $got"
+else
+	echo "install_check: no python3 found by this build: the Python package was not installed"
+fi
+
 # the man pages, if this build made them (help2man found)
 if [[ -e $build/doc/kvarena-agent.8 ]]; then
 	for page in kvarena-agent kvarena-ctl; do
@@ -83,4 +98,4 @@ for unit in kvarena-agent.service kvarena-agent@.service kvarena-agent-gpu@.serv
 	grep -q "^ExecStart=$prefix/$bindir/kvarena-agent" "$u" || fail "$unit: ExecStart is not the installed agent"
 	! grep -q '@[a-z]*@' "$u" || fail "$unit: a placeholder was left"
 done
-echo "install_check: meson install into $dest: library, headers, pkg-config, binaries, man pages, units: all there and working"
+echo "install_check: meson install into $dest: library, headers, pkg-config, Python package, binaries, man pages, units: all there and working"
