@@ -3,9 +3,11 @@
  * decode.c - kva_decode: check everything, plan tiles, run them on the pool,
  * merge the splits.
  *
- * Phase 1, one task per tile (sequence, KV head, split): the ISA kernel reads
- * the split's pages once for the whole query-head group and leaves (m, l, acc)
- * per query head in a scratch area indexed by tile. Phase 2, one task per
+ * Phase 1, one task per tile (sequence, split, span of KV heads): the ISA
+ * kernel reads the split's pages once for every query head of the span and
+ * leaves (m, l, acc) per query head in a scratch area indexed by tile. The
+ * span is all KV heads (a page streamed whole: kernels_pvt.h) unless that
+ * leaves fewer than TASKS_PER_THREAD tiles a thread. Phase 2, one task per
  * (sequence, query head): merge that head's splits in split order, normalise,
  * convert to the output dtype. Both phases write disjoint memory, and the
  * plan depends only on the arguments, so the result is the same on any
@@ -30,15 +32,20 @@ struct plan {
 	float *lse;
 	kva__tile_fn tile;
 	int32_t split_tokens, max_splits;
+	int32_t span, spans;       /* KV heads per tile, tiles per split */
 	/* per sequence: its first tile, its split length and count */
 	uint32_t *tile0;
 	int32_t *split_len, *splits;
 	uint32_t tiles;
 	float *qf;                 /* [batch][num_q_heads][head_dim]: q * q_scale */
-	/* per tile: m[group], l[group], acc[group][head_dim] */
+	/* per tile: m[span][group], l[span][group], acc[span][group][head_dim] */
 	float *part;
 	size_t part_stride;        /* floats per tile */
 };
+
+/* tiles a thread at least, where the batch has the splits for it: uneven
+ * sequences and a late-waking thread balance */
+#define TASKS_PER_THREAD 4
 
 static int bad(const char *what)
 {
@@ -216,31 +223,33 @@ static void run_tile(void *ctx, uint32_t tile)
 	const struct plan *p = ctx;
 	const struct kva_page_table *pt = p->pt;
 	int32_t b = tile_seq(p, tile), local = (int32_t)(tile - p->tile0[b]);
-	int32_t h = local / p->splits[b], s = local % p->splits[b];
+	int32_t s = local / p->spans, h0 = local % p->spans * p->span;
 	int32_t len = kva_seq_len(pt->indptr, pt->last_page_len, b, pt->page_size);
+	int32_t heads = p->kv->num_kv_heads - h0 < p->span ? p->kv->num_kv_heads - h0 : p->span;
 	float *part = p->part + (size_t)tile * p->part_stride;
 	struct kva__tile t = {
 		.kv = p->kv,
 		.pages = pt->indices + pt->indptr[b],
 		.t0 = s * p->split_len[b],
 		.t1 = (s + 1) * p->split_len[b] < len ? (s + 1) * p->split_len[b] : len,
-		.kv_head = h,
+		.kv_head = h0,
+		.heads = heads,
 		.group = p->group,
-		.q = p->qf + ((size_t)b * p->num_q_heads + (size_t)h * p->group) * p->head_dim,
+		.q = p->qf + ((size_t)b * p->num_q_heads + (size_t)h0 * p->group) * p->head_dim,
 		.m = part,
-		.l = part + p->group,
-		.acc = part + 2 * p->group,
+		.l = part + (size_t)p->span * p->group,
+		.acc = part + 2 * (size_t)p->span * p->group,
 	};
 
 	if (t.t0 < t.t1) {
 		p->tile(&t);
 		return;
 	}
-	for (int32_t g = 0; g < p->group; g++) { /* an empty sequence */
+	for (int32_t g = 0; g < heads * p->group; g++) { /* an empty sequence */
 		t.m[g] = -INFINITY;
 		t.l[g] = 0.0f;
 	}
-	memset(t.acc, 0, sizeof(float) * (size_t)p->group * p->head_dim);
+	memset(t.acc, 0, sizeof(float) * (size_t)heads * p->group * p->head_dim);
 }
 
 static void run_merge(void *ctx, uint32_t task)
@@ -248,19 +257,22 @@ static void run_merge(void *ctx, uint32_t task)
 	const struct plan *p = ctx;
 	int32_t b = (int32_t)(task / (uint32_t)p->num_q_heads);
 	int32_t qh = (int32_t)(task % (uint32_t)p->num_q_heads);
-	int32_t h = qh / p->group, g = qh % p->group, n = p->splits[b];
+	int32_t h = qh / p->group, n = p->splits[b], j = h / p->span;
+	/* the head's place in its tile's span */
+	size_t at = (size_t)(h - j * p->span) * p->group + (size_t)(qh % p->group);
+	size_t sg = (size_t)p->span * p->group;
 	float acc[KVA__MAX_HEAD_DIM], m = -INFINITY, l = 0.0f;
 	size_t obase = ((size_t)b * p->num_q_heads + (size_t)qh) * p->head_dim;
 
 	memset(acc, 0, sizeof(float) * p->head_dim);
 	for (int32_t s = 0; s < n; s++) {
-		const float *part = p->part + (size_t)(p->tile0[b] + (uint32_t)(h * n + s)) *
+		const float *part = p->part + (size_t)(p->tile0[b] + (uint32_t)(s * p->spans + j)) *
 						      p->part_stride;
-		const float *src = part + 2 * p->group + (size_t)g * p->head_dim;
+		const float *src = part + 2 * sg + at * p->head_dim;
 		float mm, wa, wb;
 
-		kva_merge_weights(m, part[g], &mm, &wa, &wb);
-		l = l * wa + part[p->group + g] * wb;
+		kva_merge_weights(m, part[at], &mm, &wa, &wb);
+		l = l * wa + part[sg + at] * wb;
 		for (int32_t d = 0; d < p->head_dim; d++)
 			acc[d] = acc[d] * wa + src[d] * wb;
 		m = mm;
@@ -325,6 +337,7 @@ int kva_decode(const struct kva_kv_desc *kv, const struct kva_page_table *pt, co
 	struct kva_decode_opts o = opts ? *opts : (struct kva_decode_opts){ 0 };
 	struct plan p = { 0 };
 	size_t meta, qbytes, bytes;
+	uint64_t split_sum = 0;
 	int ret = 0, threads;
 	char *buf;
 
@@ -349,7 +362,6 @@ int kva_decode(const struct kva_kv_desc *kv, const struct kva_page_table *pt, co
 	p.lse = lse;
 	p.split_tokens = o.split_tokens ? o.split_tokens : KVA_DEFAULT_SPLIT_TOKENS;
 	p.max_splits = o.max_splits ? o.max_splits : KVA_DEFAULT_MAX_SPLITS;
-	p.part_stride = (size_t)p.group * (2 + (size_t)kv->head_dim);
 
 	/* one buffer: the plan's arrays, then the partial results */
 	meta = (sizeof(uint32_t) + 2 * sizeof(int32_t)) * (size_t)pt->batch;
@@ -362,16 +374,25 @@ int kva_decode(const struct kva_kv_desc *kv, const struct kva_page_table *pt, co
 	p.splits = p.split_len + pt->batch;
 	for (int32_t b = 0; b < pt->batch; b++) {
 		int32_t len = kva_seq_len(pt->indptr, pt->last_page_len, b, pt->page_size);
-		uint64_t tiles;
 
 		p.split_len[b] = kva_split_len(len, pt->page_size, p.split_tokens, p.max_splits);
 		p.splits[b] = kva_split_count(len, p.split_len[b]);
-		p.tile0[b] = p.tiles;
-		tiles = (uint64_t)p.tiles + (uint64_t)p.splits[b] * (uint64_t)kv->num_kv_heads;
-		if (tiles > UINT32_MAX / 2)
-			return bad("too many tiles: fewer splits or a smaller batch");
-		p.tiles = (uint32_t)tiles;
+		split_sum += (uint64_t)p.splits[b];
 	}
+	/* the widest span, halved while it leaves the threads short of tiles */
+	p.span = kv->num_kv_heads;
+	p.spans = 1;
+	while (p.span > 1 && split_sum * (uint64_t)p.spans < (uint64_t)TASKS_PER_THREAD * threads) {
+		p.span = (p.span + 1) / 2;
+		p.spans = (kv->num_kv_heads + p.span - 1) / p.span;
+	}
+	if (split_sum * (uint64_t)p.spans > UINT32_MAX / 2)
+		return bad("too many tiles: fewer splits or a smaller batch");
+	for (int32_t b = 0; b < pt->batch; b++) {
+		p.tile0[b] = p.tiles;
+		p.tiles += (uint32_t)p.splits[b] * (uint32_t)p.spans;
+	}
+	p.part_stride = (size_t)p.span * p.group * (2 + (size_t)kv->head_dim);
 	qbytes = sizeof(float) * (size_t)pt->batch * (size_t)num_q_heads * (size_t)kv->head_dim;
 	qbytes = (qbytes + 63) & ~(size_t)63;
 	bytes = meta + qbytes + sizeof(float) * p.part_stride * p.tiles;

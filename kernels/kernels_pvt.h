@@ -3,11 +3,19 @@
  * kernels_pvt.h - what the decode driver (decode.c) and the per-ISA tile
  * kernels (tile_*.c) agree on.
  *
- * A tile is one (sequence, KV head, split): a run of whole pages of one
- * sequence, read once for the whole group of query heads that share the KV
- * head. Its kernel leaves, per query head of the group, the log2-domain
- * online-softmax state (m, l) and the unnormalised output acc; the driver
- * merges the splits (decode_math.h) and normalises.
+ * A tile is one (sequence, split, span of KV heads): a run of whole pages of
+ * one sequence, read once for every query head of the span's groups. Its
+ * kernel leaves, per query head, the log2-domain online-softmax state (m, l)
+ * and the unnormalised output acc; the driver merges the splits
+ * (decode_math.h) and normalises.
+ *
+ * A span is every KV head unless the batch has too few splits to keep the
+ * threads busy. One token's heads lie side by side in a page (token_stride
+ * = num_kv_heads x head_dim in the arena's layouts), so a tile over all of
+ * them streams its pages whole, where a tile per head reads 256-byte pieces
+ * at a 2 KiB stride and leaves the rest of every DRAM row and TLB entry to
+ * seven other tiles. Each head is computed alone, in the same order whatever
+ * the span: the result does not depend on how heads were grouped.
  */
 #ifndef KVA_KERNELS_PVT_H
 #define KVA_KERNELS_PVT_H
@@ -26,12 +34,27 @@ struct kva__tile {
 	const struct kva_kv_desc *kv;
 	const int32_t *pages;  /* the sequence's page ids, all checked < num_pages */
 	int32_t t0, t1;        /* its tokens [t0, t1), t0 < t1; t0 is page-aligned */
-	int32_t kv_head;
-	int32_t group;         /* 1..KVA__MAX_GROUP */
-	const float *q;        /* [group][head_dim]: q * sm_scale * log2(e), fp32 */
-	float *acc;            /* [group][head_dim] out */
-	float *m, *l;          /* [group] out */
+	int32_t kv_head;       /* the span: KV heads [kv_head, kv_head + heads) */
+	int32_t heads;
+	int32_t group;         /* query heads per KV head, 1..KVA__MAX_GROUP */
+	const float *q;        /* [heads][group][head_dim]: q * sm_scale * log2(e), fp32 */
+	float *acc;            /* [heads][group][head_dim] out */
+	float *m, *l;          /* [heads][group] out */
 };
+
+/* The tile as its @i-th head sees it: a span of one. */
+static inline void kva__tile_head(const struct kva__tile *t, int32_t i, struct kva__tile *h)
+{
+	const size_t gq = (size_t)i * (size_t)t->group;
+
+	*h = *t;
+	h->kv_head = t->kv_head + i;
+	h->heads = 1;
+	h->q = t->q + gq * (size_t)t->kv->head_dim;
+	h->acc = t->acc + gq * (size_t)t->kv->head_dim;
+	h->m = t->m + gq;
+	h->l = t->l + gq;
+}
 
 typedef void (*kva__tile_fn)(const struct kva__tile *t);
 
@@ -70,13 +93,13 @@ static inline const void *kva__row(const struct kva__tile *tl, const void *base,
 }
 
 /*
- * The rows of a block of the tile's tokens: K and V addresses and scales,
- * walked page by page without a division per token (the vector paths call
- * this once per block of KVA__BLOCK_TOKENS).
+ * The rows of a block of the tile's tokens: K and V addresses of the span's
+ * first head, walked page by page without a division per token (the vector
+ * paths call this once per block of KVA__BLOCK_TOKENS); the span's head i is
+ * kva__head_offset(i) bytes on.
  */
 struct kva__rows {
 	const char *k[KVA__BLOCK_TOKENS], *v[KVA__BLOCK_TOKENS];
-	float ks[KVA__BLOCK_TOKENS], vs[KVA__BLOCK_TOKENS];
 	int n;
 };
 
@@ -91,26 +114,47 @@ static inline void kva__rows_at(const struct kva__tile *t, int32_t tb, struct kv
 	n = t->t1 - tb < KVA__BLOCK_TOKENS ? t->t1 - tb : KVA__BLOCK_TOKENS;
 	r->n = n > 0 ? n : 0;
 	for (int i = 0; i < r->n; i++, off++) {
-		int32_t page;
-
 		if (off == kv->page_size) {
 			off = 0;
 			pi++;
 		}
-		page = t->pages[pi];
 		if (i == 0 || off == 0) {
-			int64_t e = (int64_t)page * kv->page_stride + head;
+			int64_t e = (int64_t)t->pages[pi] * kv->page_stride + head;
 
 			kp = (const char *)kv->k + e * esize;
 			vp = (const char *)kv->v + e * esize;
 		}
 		r->k[i] = kp + off * tok_bytes;
 		r->v[i] = vp + off * tok_bytes;
-		r->ks[i] = kva__scale(kv, kv->k_scale, page, off, t->kv_head);
-		r->vs[i] = kva__scale(kv, kv->v_scale, page, off, t->kv_head);
 	}
-	for (int i = r->n; i < KVA__BLOCK_TOKENS; i++)
-		r->vs[i] = 0.0f; /* p is 0 past the end: so must p * vs be */
+}
+
+static inline size_t kva__head_offset(const struct kva_kv_desc *kv, int32_t i)
+{
+	return (size_t)i * (size_t)kv->head_stride * kva__esize(kv->dtype);
+}
+
+/*
+ * The K and V scales of tokens [tb, tb + n) of KV head @h (int8 and fp8:
+ * the other dtypes have none), and 0 in vs past n: p is 0 past the end of a
+ * block, and so must p * vs be.
+ */
+static inline void kva__scales_at(const struct kva__tile *t, int32_t tb, int n, int32_t h,
+				  float ks[KVA__BLOCK_TOKENS], float vs[KVA__BLOCK_TOKENS])
+{
+	const struct kva_kv_desc *kv = t->kv;
+	int32_t pi = tb / kv->page_size, off = tb % kv->page_size;
+
+	for (int i = 0; i < n; i++, off++) {
+		if (off == kv->page_size) {
+			off = 0;
+			pi++;
+		}
+		ks[i] = kva__scale(kv, kv->k_scale, t->pages[pi], off, h);
+		vs[i] = kva__scale(kv, kv->v_scale, t->pages[pi], off, h);
+	}
+	for (int i = n; i < KVA__BLOCK_TOKENS; i++)
+		vs[i] = 0.0f;
 }
 
 /* decode.c: argument checks shared with the CUDA entry points */

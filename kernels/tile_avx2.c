@@ -11,6 +11,9 @@
 
 #define AI __attribute__((always_inline)) static inline
 
+/* blocks the prefetches run ahead of the compute (tile_avx512.c's reason) */
+#define AHEAD 2
+
 /* 8 elements of a K or V row, as fp32 (without the row's scale) */
 AI __m256 load8(const void *p, const enum kva_dtype dt)
 {
@@ -93,33 +96,37 @@ AI float hsum8(__m256 v)
 	return _mm_cvtss_f32(s);
 }
 
-/* the next block's rows, a few at a time, every other line (tile_avx512.c) */
-AI void prefetch(const char *const *rows, const struct kva__rows *nx, int i, int n,
+/* the rows AHEAD blocks on, a few at a time, every line, into L2 (tile_avx512.c) */
+AI void prefetch(const char *const *rows, size_t hoff, const struct kva__rows *nx, int i, int n,
 		 size_t row_bytes)
 {
 	for (int j = i; j < i + n && j < nx->n; j++)
-		for (size_t off = 0; off < row_bytes; off += 128)
-			_mm_prefetch(rows[j] + off, _MM_HINT_T0);
+		for (size_t off = 0; off < row_bytes; off += 64)
+			_mm_prefetch(rows[j] + hoff + off, _MM_HINT_T1);
 }
 
 /* Score tokens [i, i + nt) x heads [g0, g0 + ng), at most 8, into s[g][i]. */
-AI void score_body(const struct kva__tile *t, const struct kva__rows *bk, int i, int g0,
-		   float s[][KVA__BLOCK_TOKENS], const enum kva_dtype dt, int NC,
-		   const int GB, const int nt, const int ng)
+AI void score_body(const struct kva__tile *t, const struct kva__rows *bk, size_t hoff,
+		   const float *ks, int i, int g0, float s[][KVA__BLOCK_TOKENS],
+		   const enum kva_dtype dt, int NC, const int GB, const int nt, const int ng)
 {
 	const int D = NC * 8;
 	const size_t esize = kva__esize(dt);
 	__m256 a[8], qv[4];
 	float r[8];
+	const char *kr[8];
 
 	for (int j = 0; j < 8; j++)
 		a[j] = _mm256_setzero_ps();
+	/* each token's row of this head, once */
+	for (int tt = 0; tt < nt; tt++)
+		kr[tt] = bk->k[i + tt] + hoff;
 	/* registers: 8 accumulators, GB query chunks, one K chunk */
 	for (int c = 0; c < NC; c++) {
 		for (int gg = 0; gg < ng; gg++)
 			qv[gg] = _mm256_loadu_ps(t->q + (size_t)(g0 + gg) * D + c * 8);
 		for (int tt = 0; tt < nt; tt++) {
-			__m256 kc = load8(bk->k[i + tt] + (size_t)c * 8 * esize, dt);
+			__m256 kc = load8(kr[tt] + (size_t)c * 8 * esize, dt);
 
 			for (int gg = 0; gg < ng; gg++)
 				a[tt * GB + gg] = _mm256_fmadd_ps(kc, qv[gg], a[tt * GB + gg]);
@@ -128,37 +135,39 @@ AI void score_body(const struct kva__tile *t, const struct kva__rows *bk, int i,
 	_mm256_storeu_ps(r, reduce8(a));
 	for (int tt = 0; tt < nt; tt++)
 		for (int gg = 0; gg < ng; gg++)
-			s[g0 + gg][i + tt] = r[tt * GB + gg] * bk->ks[i + tt];
+			s[g0 + gg][i + tt] = dt == KVA_FP8_E4M3 || dt == KVA_INT8
+						     ? r[tt * GB + gg] * ks[i + tt] : r[tt * GB + gg];
 }
 
 /* the tail of a block, or of a group of heads: one shared instance */
 static __attribute__((noinline)) void score_tail(const struct kva__tile *t,
-						 const struct kva__rows *bk, int i, int g0,
+						 const struct kva__rows *bk, size_t hoff,
+						 const float *ks, int i, int g0,
 						 float s[][KVA__BLOCK_TOKENS], enum kva_dtype dt,
 						 int NC, int GB, int nt, int ng)
 {
-	score_body(t, bk, i, g0, s, dt, NC, GB, nt, ng);
+	score_body(t, bk, hoff, ks, i, g0, s, dt, NC, GB, nt, ng);
 }
 
 AI void score8(const struct kva__tile *t, const struct kva__rows *bk, const struct kva__rows *nx,
-	       int i, int g0, float s[][KVA__BLOCK_TOKENS], const enum kva_dtype dt, int NC,
-	       const int TB, const int GB)
+	       size_t hoff, const float *ks, int i, int g0, float s[][KVA__BLOCK_TOKENS],
+	       const enum kva_dtype dt, int NC, const int TB, const int GB)
 {
 	const int nt = bk->n - i < TB ? bk->n - i : TB;
 	const int ng = t->group - g0 < GB ? t->group - g0 : GB;
 
 	if (g0 == 0)
-		prefetch(nx->k, nx, i, TB, (size_t)NC * 8 * kva__esize(dt));
+		prefetch(nx->k, hoff, nx, i, TB, (size_t)NC * 8 * kva__esize(dt));
 	if (nt == TB && ng == GB)
-		score_body(t, bk, i, g0, s, dt, NC, GB, TB, GB);
+		score_body(t, bk, hoff, ks, i, g0, s, dt, NC, GB, TB, GB);
 	else
-		score_tail(t, bk, i, g0, s, dt, NC, GB, nt, ng);
+		score_tail(t, bk, hoff, ks, i, g0, s, dt, NC, GB, nt, ng);
 }
 
 /* acc[g] += sum_t p[g][t] v[t] for ng heads x nc chunks kept in registers */
-AI void accumulate_body(const struct kva__tile *t, const struct kva__rows *bk,
-			float s[][KVA__BLOCK_TOKENS], int g0, int c0, const enum kva_dtype dt,
-			int NC, const int CG, const int ng, const int nc)
+AI void accumulate_body(const struct kva__tile *t, const struct kva__rows *bk, size_t hoff,
+			const struct kva__rows *pf, float s[][KVA__BLOCK_TOKENS], int g0, int c0,
+			const enum kva_dtype dt, int NC, const int CG, const int ng, const int nc)
 {
 	const int D = NC * 8;
 	const size_t esize = kva__esize(dt);
@@ -168,8 +177,15 @@ AI void accumulate_body(const struct kva__tile *t, const struct kva__rows *bk,
 		for (int cc = 0; cc < nc; cc++)
 			acc[gg * CG + cc] = _mm256_loadu_ps(t->acc + (size_t)(g0 + gg) * D + (c0 + cc) * 8);
 	for (int i = 0; i < bk->n; i++) {
-		const char *row = bk->v[i] + (size_t)c0 * 8 * esize;
+		const char *row = bk->v[i] + hoff + (size_t)c0 * 8 * esize;
 
+		/* one register, the chunks at displacements from it: left to
+		 * itself, the compiler keeps hoff + chunk offset per chunk and
+		 * spills them */
+		__asm__("" : "+r"(row));
+
+		if (pf)
+			prefetch(pf->v, hoff, pf, i, 1, (size_t)D * esize);
 		for (int cc = 0; cc < nc; cc++) {
 			__m256 vc = load8(row + (size_t)cc * 8 * esize, dt);
 
@@ -185,121 +201,151 @@ AI void accumulate_body(const struct kva__tile *t, const struct kva__rows *bk,
 }
 
 static __attribute__((noinline)) void accumulate_tail(const struct kva__tile *t,
-						      const struct kva__rows *bk,
+						      const struct kva__rows *bk, size_t hoff,
+						      const struct kva__rows *pf,
 						      float s[][KVA__BLOCK_TOKENS], int g0, int c0,
 						      enum kva_dtype dt, int NC, int CG, int ng,
 						      int nc)
 {
-	accumulate_body(t, bk, s, g0, c0, dt, NC, CG, ng, nc);
+	accumulate_body(t, bk, hoff, pf, s, g0, c0, dt, NC, CG, ng, nc);
 }
 
-AI void accumulate_part(const struct kva__tile *t, const struct kva__rows *bk,
-			float s[][KVA__BLOCK_TOKENS], int g0, int c0, const enum kva_dtype dt,
-			int NC, const int GB, const int CG)
+AI void accumulate_part(const struct kva__tile *t, const struct kva__rows *bk, size_t hoff,
+			const struct kva__rows *pf, float s[][KVA__BLOCK_TOKENS], int g0, int c0,
+			const enum kva_dtype dt, int NC, const int GB, const int CG)
 {
 	const int ng = t->group - g0 < GB ? t->group - g0 : GB;
 	const int nc = NC - c0 < CG ? NC - c0 : CG;
 
 	if (ng == GB && nc == CG)
-		accumulate_body(t, bk, s, g0, c0, dt, NC, CG, GB, CG);
+		accumulate_body(t, bk, hoff, pf, s, g0, c0, dt, NC, CG, GB, CG);
 	else
-		accumulate_tail(t, bk, s, g0, c0, dt, NC, CG, ng, nc);
+		accumulate_tail(t, bk, hoff, pf, s, g0, c0, dt, NC, CG, ng, nc);
+}
+
+/* the V rows of block @pf are prefetched token by token in the first part */
+AI void parts(const struct kva__tile *t, const struct kva__rows *bk, size_t hoff,
+	      const struct kva__rows *pf, float s[][KVA__BLOCK_TOKENS], const enum kva_dtype dt,
+	      int NC, const int GB, const int CG)
+{
+	for (int g0 = 0; g0 < t->group; g0 += GB)
+		for (int c0 = 0; c0 < NC; c0 += CG)
+			accumulate_part(t, bk, hoff, g0 == 0 && c0 == 0 ? pf : NULL, s, g0, c0, dt,
+					NC, GB, CG);
 }
 
 /* 8 accumulators: 1 head x 8 chunks, 2 x 4, or 4 x 2 */
-AI void accumulate(const struct kva__tile *t, const struct kva__rows *bk,
-		   const struct kva__rows *nx, float s[][KVA__BLOCK_TOKENS],
+AI void accumulate(const struct kva__tile *t, const struct kva__rows *bk, size_t hoff,
+		   const struct kva__rows *pf, float s[][KVA__BLOCK_TOKENS],
 		   const enum kva_dtype dt, int NC)
 {
 	const int G = t->group;
 
-	prefetch(nx->v, nx, 0, nx->n, (size_t)NC * 8 * kva__esize(dt));
-	if (G == 1) {
-		for (int c0 = 0; c0 < NC; c0 += 8)
-			accumulate_part(t, bk, s, 0, c0, dt, NC, 1, 8);
-	} else if (G == 2) {
-		for (int c0 = 0; c0 < NC; c0 += 4)
-			accumulate_part(t, bk, s, 0, c0, dt, NC, 2, 4);
-	} else {
-		for (int g0 = 0; g0 < G; g0 += 4)
-			for (int c0 = 0; c0 < NC; c0 += 2)
-				accumulate_part(t, bk, s, g0, c0, dt, NC, 4, 2);
+	if (G == 1)
+		parts(t, bk, hoff, pf, s, dt, NC, 1, 8);
+	else if (G == 2)
+		parts(t, bk, hoff, pf, s, dt, NC, 2, 4);
+	else
+		parts(t, bk, hoff, pf, s, dt, NC, 4, 2);
+}
+
+/* One KV head's turn at a block: score, fold into the softmax state, accumulate. */
+AI void head_block(const struct kva__tile *t, const struct kva__rows *bk,
+		   const struct kva__rows *nx, int32_t tb, size_t hoff, const enum kva_dtype dt,
+		   int NC)
+{
+	const int G = t->group, D = NC * 8;
+	const __m256i lane = _mm256_setr_epi32(0, 1, 2, 3, 4, 5, 6, 7);
+	_Alignas(32) float s[KVA__MAX_GROUP][KVA__BLOCK_TOKENS];
+	_Alignas(32) float ks[KVA__BLOCK_TOKENS], vs[KVA__BLOCK_TOKENS];
+	int nv = (bk->n + 7) / 8;
+
+	if (dt == KVA_FP8_E4M3 || dt == KVA_INT8)
+		kva__scales_at(t, tb, bk->n, t->kv_head, ks, vs);
+	if (G == 1)
+		for (int i = 0; i < bk->n; i += 8)
+			score8(t, bk, nx, hoff, ks, i, 0, s, dt, NC, 8, 1);
+	else if (G == 2)
+		for (int i = 0; i < bk->n; i += 4)
+			score8(t, bk, nx, hoff, ks, i, 0, s, dt, NC, 4, 2);
+	else
+		for (int i = 0; i < bk->n; i += 2)
+			for (int g0 = 0; g0 < G; g0 += 4)
+				score8(t, bk, nx, hoff, ks, i, g0, s, dt, NC, 2, 4);
+
+	for (int g = 0; g < G; g++) {
+		__m256 sv[KVA__BLOCK_TOKENS / 8], mv = _mm256_set1_ps(-INFINITY), psum;
+		float mb, r;
+
+		for (int i = bk->n; i < nv * 8; i++)
+			s[g][i] = -INFINITY;
+		for (int j = 0; j < nv; j++) {
+			sv[j] = _mm256_load_ps(s[g] + 8 * j);
+			mv = _mm256_max_ps(mv, sv[j]);
+		}
+		mb = kva_max(t->m[g], hmax8(mv));
+		r = kva_rescale(t->m[g], mb);
+		if (r != 1.0f) {
+			__m256 rv = _mm256_set1_ps(r);
+
+			t->l[g] *= r;
+			for (int c = 0; c < NC; c++) {
+				float *o = t->acc + (size_t)g * D + c * 8;
+
+				_mm256_storeu_ps(o, _mm256_mul_ps(_mm256_loadu_ps(o), rv));
+			}
+		}
+		t->m[g] = mb;
+		psum = _mm256_setzero_ps();
+		for (int j = 0; j < nv; j++) {
+			/* tokens past the block end are exactly 0 */
+			__m256 live = _mm256_castsi256_ps(_mm256_cmpgt_epi32(
+				_mm256_set1_epi32(bk->n - 8 * j), lane));
+			__m256 pj = _mm256_and_ps(live, exp2_ps(_mm256_sub_ps(sv[j],
+									_mm256_set1_ps(mb))));
+
+			psum = _mm256_add_ps(psum, pj);
+			if (dt == KVA_FP8_E4M3 || dt == KVA_INT8)
+				pj = _mm256_mul_ps(pj, _mm256_load_ps(vs + 8 * j));
+			_mm256_store_ps(s[g] + 8 * j, pj);
+		}
+		t->l[g] += hsum8(psum);
 	}
+	accumulate(t, bk, hoff, nx, s, dt, NC);
 }
 
 AI void tile(const struct kva__tile *t, const enum kva_dtype dt, int NC)
 {
-	const int G = t->group, D = NC * 8;
-	_Alignas(32) float s[KVA__MAX_GROUP][KVA__BLOCK_TOKENS];
-	const __m256i lane = _mm256_setr_epi32(0, 1, 2, 3, 4, 5, 6, 7);
-	struct kva__rows rows[2], *bk = &rows[0], *nx = &rows[1];
+	const int D = NC * 8, H = t->heads;
+	const size_t row_bytes = (size_t)D * kva__esize(dt);
+	struct kva__rows rows[AHEAD + 1];
+	int k = 0;
 
-	for (int g = 0; g < G; g++) {
+	for (int g = 0; g < H * t->group; g++) {
 		t->m[g] = -INFINITY;
 		t->l[g] = 0.0f;
 	}
-	memset(t->acc, 0, sizeof(float) * (size_t)G * D);
-	kva__rows_at(t, t->t0, bk);
-	prefetch(bk->k, bk, 0, 4, (size_t)D * kva__esize(dt));
-
-	for (int32_t tb = t->t0; tb < t->t1; tb += KVA__BLOCK_TOKENS) {
-		int nv = (bk->n + 7) / 8;
-		struct kva__rows *swap;
-
-		kva__rows_at(t, tb + KVA__BLOCK_TOKENS, nx); /* n = 0 past the end */
-		if (G == 1)
-			for (int i = 0; i < bk->n; i += 8)
-				score8(t, bk, nx, i, 0, s, dt, NC, 8, 1);
-		else if (G == 2)
-			for (int i = 0; i < bk->n; i += 4)
-				score8(t, bk, nx, i, 0, s, dt, NC, 4, 2);
-		else
-			for (int i = 0; i < bk->n; i += 2)
-				for (int g0 = 0; g0 < G; g0 += 4)
-					score8(t, bk, nx, i, g0, s, dt, NC, 2, 4);
-
-		for (int g = 0; g < G; g++) {
-			__m256 sv[KVA__BLOCK_TOKENS / 8], mv = _mm256_set1_ps(-INFINITY), psum;
-			float mb, r;
-
-			for (int i = bk->n; i < nv * 8; i++)
-				s[g][i] = -INFINITY;
-			for (int j = 0; j < nv; j++) {
-				sv[j] = _mm256_load_ps(s[g] + 8 * j);
-				mv = _mm256_max_ps(mv, sv[j]);
-			}
-			mb = kva_max(t->m[g], hmax8(mv));
-			r = kva_rescale(t->m[g], mb);
-			if (r != 1.0f) {
-				__m256 rv = _mm256_set1_ps(r);
-
-				t->l[g] *= r;
-				for (int c = 0; c < NC; c++) {
-					float *o = t->acc + (size_t)g * D + c * 8;
-
-					_mm256_storeu_ps(o, _mm256_mul_ps(_mm256_loadu_ps(o), rv));
-				}
-			}
-			t->m[g] = mb;
-			psum = _mm256_setzero_ps();
-			for (int j = 0; j < nv; j++) {
-				/* tokens past the block end are exactly 0 */
-				__m256 live = _mm256_castsi256_ps(_mm256_cmpgt_epi32(
-					_mm256_set1_epi32(bk->n - 8 * j), lane));
-				__m256 pj = _mm256_and_ps(live, exp2_ps(_mm256_sub_ps(sv[j],
-										_mm256_set1_ps(mb))));
-
-				psum = _mm256_add_ps(psum, pj);
-				if (dt == KVA_FP8_E4M3 || dt == KVA_INT8)
-					pj = _mm256_mul_ps(pj, _mm256_loadu_ps(bk->vs + 8 * j));
-				_mm256_store_ps(s[g] + 8 * j, pj);
-			}
-			t->l[g] += hsum8(psum);
+	memset(t->acc, 0, sizeof(float) * (size_t)H * t->group * D);
+	for (int a = 0; a < AHEAD; a++) {
+		kva__rows_at(t, t->t0 + a * KVA__BLOCK_TOKENS, &rows[a]);
+		for (int h = 0; h < H; h++) {
+			prefetch(rows[a].k, kva__head_offset(t->kv, h), &rows[a], 0, rows[a].n, row_bytes);
+			prefetch(rows[a].v, kva__head_offset(t->kv, h), &rows[a], 0, rows[a].n, row_bytes);
 		}
-		accumulate(t, bk, nx, s, dt, NC);
-		swap = bk;
-		bk = nx;
-		nx = swap;
+	}
+
+	for (int32_t tb = t->t0; tb < t->t1; tb += KVA__BLOCK_TOKENS, k++) {
+		const struct kva__rows *bk = &rows[k % (AHEAD + 1)];
+		struct kva__rows *nx = &rows[(k + AHEAD) % (AHEAD + 1)];
+
+		/* n = 0 past the end */
+		kva__rows_at(t, tb + AHEAD * KVA__BLOCK_TOKENS, nx);
+		for (int h = 0; h < H; h++) {
+			struct kva__tile th;
+
+			kva__tile_head(t, h, &th);
+			head_block(&th, bk, nx, tb, kva__head_offset(t->kv, h), dt, NC);
+		}
 	}
 }
 

@@ -110,12 +110,12 @@ AI __mmask16 first(int n)
  * line: every other one, leaving the pair to the adjacent-line prefetcher,
  * measured 10% slower.
  */
-AI void prefetch(const char *const *rows, const struct kva__rows *nx, int i, int n,
+AI void prefetch(const char *const *rows, size_t hoff, const struct kva__rows *nx, int i, int n,
 		 size_t row_bytes)
 {
 	for (int j = i; j < i + n && j < nx->n; j++)
 		for (size_t off = 0; off < row_bytes; off += 64)
-			_mm_prefetch(rows[j] + off, _MM_HINT_T1);
+			_mm_prefetch(rows[j] + hoff + off, _MM_HINT_T1);
 }
 
 /*
@@ -124,7 +124,7 @@ AI void prefetch(const char *const *rows, const struct kva__rows *nx, int i, int
  * and ng == GB as constants for all but a block's last tile, so that the
  * loops unroll without a test.
  */
-AI void score_body(const struct kva__tile *t, const struct kva__rows *bk, int i, int g0,
+AI void score_body(const struct kva__tile *t, const struct kva__rows *bk, size_t hoff, int i, int g0,
 		   float s[][KVA__BLOCK_TOKENS], const enum kva_dtype dt, int NC,
 		   const int GB, const int nt, const int ng)
 {
@@ -132,15 +132,19 @@ AI void score_body(const struct kva__tile *t, const struct kva__rows *bk, int i,
 	const size_t esize = kva__esize(dt);
 	__m512 a[16], qv[4];
 	float r[16];
+	const char *kr[16];
 
 	for (int j = 0; j < 16; j++)
 		a[j] = _mm512_setzero_ps();
+	/* each token's row of this head, once */
+	for (int tt = 0; tt < nt; tt++)
+		kr[tt] = bk->k[i + tt] + hoff;
 	/* registers: 16 accumulators, GB query chunks, one K chunk */
 	for (int c = 0; c < NC; c++) {
 		for (int gg = 0; gg < ng; gg++)
 			qv[gg] = _mm512_loadu_ps(t->q + (size_t)(g0 + gg) * D + c * 16);
 		for (int tt = 0; tt < nt; tt++) {
-			__m512 kc = load16(bk->k[i + tt] + (size_t)c * 16 * esize, dt);
+			__m512 kc = load16(kr[tt] + (size_t)c * 16 * esize, dt);
 
 			for (int gg = 0; gg < ng; gg++)
 				a[tt * GB + gg] = _mm512_fmadd_ps(kc, qv[gg], a[tt * GB + gg]);
@@ -178,26 +182,26 @@ AI void score_body(const struct kva__tile *t, const struct kva__rows *bk, int i,
 
 /* the tail of a block, or of a group of heads: one shared instance */
 static __attribute__((noinline)) void score_tail(const struct kva__tile *t,
-						 const struct kva__rows *bk, int i, int g0,
-						 float s[][KVA__BLOCK_TOKENS], enum kva_dtype dt,
-						 int NC, int GB, int nt, int ng)
+						 const struct kva__rows *bk, size_t hoff, int i,
+						 int g0, float s[][KVA__BLOCK_TOKENS],
+						 enum kva_dtype dt, int NC, int GB, int nt, int ng)
 {
-	score_body(t, bk, i, g0, s, dt, NC, GB, nt, ng);
+	score_body(t, bk, hoff, i, g0, s, dt, NC, GB, nt, ng);
 }
 
 AI void score16(const struct kva__tile *t, const struct kva__rows *bk, const struct kva__rows *nx,
-		int i, int g0, float s[][KVA__BLOCK_TOKENS], const enum kva_dtype dt, int NC,
+		size_t hoff, int i, int g0, float s[][KVA__BLOCK_TOKENS], const enum kva_dtype dt, int NC,
 		const int TB, const int GB)
 {
 	const int nt = bk->n - i < TB ? bk->n - i : TB;
 	const int ng = t->group - g0 < GB ? t->group - g0 : GB;
 
 	if (g0 == 0)
-		prefetch(nx->k, nx, i, TB, (size_t)NC * 16 * kva__esize(dt));
+		prefetch(nx->k, hoff, nx, i, TB, (size_t)NC * 16 * kva__esize(dt));
 	if (nt == TB && ng == GB)
-		score_body(t, bk, i, g0, s, dt, NC, GB, TB, GB);
+		score_body(t, bk, hoff, i, g0, s, dt, NC, GB, TB, GB);
 	else
-		score_tail(t, bk, i, g0, s, dt, NC, GB, nt, ng);
+		score_tail(t, bk, hoff, i, g0, s, dt, NC, GB, nt, ng);
 }
 
 /*
@@ -206,7 +210,7 @@ AI void score16(const struct kva__tile *t, const struct kva__rows *bk, const str
  * V chunk, converted once, feeds GB FMAs whose p comes from memory as an
  * embedded broadcast.
  */
-AI void accumulate_body(const struct kva__tile *t, const struct kva__rows *bk,
+AI void accumulate_body(const struct kva__tile *t, const struct kva__rows *bk, size_t hoff,
 			const struct kva__rows *pf, float s[][KVA__BLOCK_TOKENS], int g0, int c0,
 			const enum kva_dtype dt, int NC, const int CG, const int ng, const int nc)
 {
@@ -218,10 +222,15 @@ AI void accumulate_body(const struct kva__tile *t, const struct kva__rows *bk,
 		for (int cc = 0; cc < nc; cc++)
 			acc[gg * CG + cc] = _mm512_loadu_ps(t->acc + (size_t)(g0 + gg) * D + (c0 + cc) * 16);
 	for (int i = 0; i < bk->n; i++) {
-		const char *row = bk->v[i] + (size_t)c0 * 16 * esize;
+		const char *row = bk->v[i] + hoff + (size_t)c0 * 16 * esize;
+
+		/* one register, the chunks at displacements from it: left to
+		 * itself, the compiler keeps hoff + chunk offset per chunk and
+		 * spills them */
+		__asm__("" : "+r"(row));
 
 		if (pf)
-			prefetch(pf->v, pf, i, 1, (size_t)D * esize);
+			prefetch(pf->v, hoff, pf, i, 1, (size_t)D * esize);
 
 		for (int cc = 0; cc < nc; cc++) {
 			__m512 vc = load16(row + (size_t)cc * 16 * esize, dt);
@@ -239,16 +248,16 @@ AI void accumulate_body(const struct kva__tile *t, const struct kva__rows *bk,
 
 /* one part: GB heads x CG chunks (constants when whole) */
 static __attribute__((noinline)) void accumulate_tail(const struct kva__tile *t,
-						      const struct kva__rows *bk,
+						      const struct kva__rows *bk, size_t hoff,
 						      const struct kva__rows *pf,
 						      float s[][KVA__BLOCK_TOKENS], int g0, int c0,
 						      enum kva_dtype dt, int NC, int CG, int ng,
 						      int nc)
 {
-	accumulate_body(t, bk, pf, s, g0, c0, dt, NC, CG, ng, nc);
+	accumulate_body(t, bk, hoff, pf, s, g0, c0, dt, NC, CG, ng, nc);
 }
 
-AI void accumulate_part(const struct kva__tile *t, const struct kva__rows *bk,
+AI void accumulate_part(const struct kva__tile *t, const struct kva__rows *bk, size_t hoff,
 			const struct kva__rows *pf, float s[][KVA__BLOCK_TOKENS], int g0, int c0,
 			const enum kva_dtype dt, int NC, const int GB, const int CG)
 {
@@ -256,20 +265,20 @@ AI void accumulate_part(const struct kva__tile *t, const struct kva__rows *bk,
 	const int nc = NC - c0 < CG ? NC - c0 : CG;
 
 	if (ng == GB && nc == CG)
-		accumulate_body(t, bk, pf, s, g0, c0, dt, NC, CG, GB, CG);
+		accumulate_body(t, bk, hoff, pf, s, g0, c0, dt, NC, CG, GB, CG);
 	else
-		accumulate_tail(t, bk, pf, s, g0, c0, dt, NC, CG, ng, nc);
+		accumulate_tail(t, bk, hoff, pf, s, g0, c0, dt, NC, CG, ng, nc);
 }
 
 /* the V rows of block @pf are prefetched token by token in the first part */
-AI void parts(const struct kva__tile *t, const struct kva__rows *bk, const struct kva__rows *pf,
-	      float s[][KVA__BLOCK_TOKENS], const enum kva_dtype dt, int NC, const int GB,
-	      const int CG)
+AI void parts(const struct kva__tile *t, const struct kva__rows *bk, size_t hoff,
+	      const struct kva__rows *pf, float s[][KVA__BLOCK_TOKENS], const enum kva_dtype dt,
+	      int NC, const int GB, const int CG)
 {
 	for (int g0 = 0; g0 < t->group; g0 += GB)
 		for (int c0 = 0; c0 < NC; c0 += CG)
-			accumulate_part(t, bk, g0 == 0 && c0 == 0 ? pf : NULL, s, g0, c0, dt, NC,
-					GB, CG);
+			accumulate_part(t, bk, hoff, g0 == 0 && c0 == 0 ? pf : NULL, s, g0, c0, dt,
+					NC, GB, CG);
 }
 
 /*
@@ -278,7 +287,7 @@ AI void parts(const struct kva__tile *t, const struct kva__rows *bk, const struc
  * any other head_dim gets 1 x 16 or 4 x 4 and a tail where they do not fit.
  * Four heads a V chunk when the group has them: fewer conversions a byte.
  */
-AI void accumulate(const struct kva__tile *t, const struct kva__rows *bk,
+AI void accumulate(const struct kva__tile *t, const struct kva__rows *bk, size_t hoff,
 		   const struct kva__rows *nx, float s[][KVA__BLOCK_TOKENS],
 		   const enum kva_dtype dt, int NC)
 {
@@ -287,65 +296,130 @@ AI void accumulate(const struct kva__tile *t, const struct kva__rows *bk,
 	switch (NC) {
 	case 4:
 		if (G == 1)
-			parts(t, bk, nx, s, dt, NC, 1, 4);
+			parts(t, bk, hoff, nx, s, dt, NC, 1, 4);
 		else if (G == 2)
-			parts(t, bk, nx, s, dt, NC, 2, 4);
+			parts(t, bk, hoff, nx, s, dt, NC, 2, 4);
 		else
-			parts(t, bk, nx, s, dt, NC, 4, 4);
+			parts(t, bk, hoff, nx, s, dt, NC, 4, 4);
 		return;
 	case 5:
 		if (G == 1)
-			parts(t, bk, nx, s, dt, NC, 1, 5);
+			parts(t, bk, hoff, nx, s, dt, NC, 1, 5);
 		else
-			parts(t, bk, nx, s, dt, NC, 2, 5);
+			parts(t, bk, hoff, nx, s, dt, NC, 2, 5);
 		return;
 	case 6:
 		if (G == 1)
-			parts(t, bk, nx, s, dt, NC, 1, 6);
+			parts(t, bk, hoff, nx, s, dt, NC, 1, 6);
 		else
-			parts(t, bk, nx, s, dt, NC, 2, 6);
+			parts(t, bk, hoff, nx, s, dt, NC, 2, 6);
 		return;
 	case 8:
 		if (G == 1)
-			parts(t, bk, nx, s, dt, NC, 1, 8);
+			parts(t, bk, hoff, nx, s, dt, NC, 1, 8);
 		else if (G == 2)
-			parts(t, bk, nx, s, dt, NC, 2, 8);
+			parts(t, bk, hoff, nx, s, dt, NC, 2, 8);
 		else
-			parts(t, bk, nx, s, dt, NC, 4, 4);
+			parts(t, bk, hoff, nx, s, dt, NC, 4, 4);
 		return;
 	case 16:
 		if (G == 1)
-			parts(t, bk, nx, s, dt, NC, 1, 16);
+			parts(t, bk, hoff, nx, s, dt, NC, 1, 16);
 		else if (G == 2)
-			parts(t, bk, nx, s, dt, NC, 2, 8);
+			parts(t, bk, hoff, nx, s, dt, NC, 2, 8);
 		else
-			parts(t, bk, nx, s, dt, NC, 4, 4);
+			parts(t, bk, hoff, nx, s, dt, NC, 4, 4);
 		return;
 	default:
 		if (G == 1)
-			parts(t, bk, nx, s, dt, NC, 1, 16);
+			parts(t, bk, hoff, nx, s, dt, NC, 1, 16);
 		else
-			parts(t, bk, nx, s, dt, NC, 4, 4);
+			parts(t, bk, hoff, nx, s, dt, NC, 4, 4);
 		return;
 	}
 }
 
-AI void tile(const struct kva__tile *t, const enum kva_dtype dt, int NC)
+/* One KV head's turn at a block: score, fold into the softmax state, accumulate. */
+AI void head_block(const struct kva__tile *t, const struct kva__rows *bk,
+		   const struct kva__rows *pf, int32_t tb, size_t hoff, const enum kva_dtype dt,
+		   int NC)
 {
 	const int G = t->group, D = NC * 16;
 	_Alignas(64) float s[KVA__MAX_GROUP][KVA__BLOCK_TOKENS];
+	_Alignas(64) float ks[KVA__BLOCK_TOKENS], vs[KVA__BLOCK_TOKENS];
+
+	if (dt == KVA_FP8_E4M3 || dt == KVA_INT8)
+		kva__scales_at(t, tb, bk->n, t->kv_head, ks, vs);
+
+	/* scores: 16 tokens x 1 head, 8 x 2 or 4 x 4 at a time */
+	if (G == 1)
+		for (int i = 0; i < bk->n; i += 16)
+			score16(t, bk, pf, hoff, i, 0, s, dt, NC, 16, 1);
+	else if (G == 2)
+		for (int i = 0; i < bk->n; i += 8)
+			score16(t, bk, pf, hoff, i, 0, s, dt, NC, 8, 2);
+	else
+		for (int i = 0; i < bk->n; i += 4)
+			for (int g0 = 0; g0 < G; g0 += 4)
+				score16(t, bk, pf, hoff, i, g0, s, dt, NC, 4, 4);
+
+	/* fold the block's scores, times the K scales, into each head's
+	 * running state; s becomes p * (V scale), ready for accumulate() */
+	for (int g = 0; g < G; g++) {
+		__m512 lo = _mm512_mask_loadu_ps(_mm512_set1_ps(-INFINITY), first(bk->n), s[g]);
+		__m512 hi = _mm512_mask_loadu_ps(_mm512_set1_ps(-INFINITY), first(bk->n - 16),
+						 s[g] + 16);
+
+		if (dt == KVA_FP8_E4M3 || dt == KVA_INT8) { /* the K scales */
+			lo = _mm512_mask_mul_ps(lo, first(bk->n), lo, _mm512_load_ps(ks));
+			hi = _mm512_mask_mul_ps(hi, first(bk->n - 16), hi, _mm512_load_ps(ks + 16));
+		}
+		float mb = kva_max(t->m[g], _mm512_reduce_max_ps(_mm512_max_ps(lo, hi)));
+		float r = kva_rescale(t->m[g], mb);
+		__m512 m = _mm512_set1_ps(mb), plo, phi;
+
+		if (r != 1.0f) {
+			__m512 rv = _mm512_set1_ps(r);
+
+			t->l[g] *= r;
+			for (int c = 0; c < NC; c++) {
+				float *o = t->acc + (size_t)g * D + c * 16;
+
+				_mm512_storeu_ps(o, _mm512_mul_ps(_mm512_loadu_ps(o), rv));
+			}
+		}
+		t->m[g] = mb;
+		plo = _mm512_maskz_mov_ps(first(bk->n), exp2_ps(_mm512_sub_ps(lo, m)));
+		phi = _mm512_maskz_mov_ps(first(bk->n - 16), exp2_ps(_mm512_sub_ps(hi, m)));
+		t->l[g] += _mm512_reduce_add_ps(_mm512_add_ps(plo, phi));
+		if (dt == KVA_FP8_E4M3 || dt == KVA_INT8) {
+			plo = _mm512_mul_ps(plo, _mm512_load_ps(vs));
+			phi = _mm512_mul_ps(phi, _mm512_load_ps(vs + 16));
+		}
+		_mm512_store_ps(s[g], plo);
+		_mm512_store_ps(s[g] + 16, phi);
+	}
+	accumulate(t, bk, hoff, pf, s, dt, NC);
+}
+
+AI void tile(const struct kva__tile *t, const enum kva_dtype dt, int NC)
+{
+	const int D = NC * 16, H = t->heads;
+	const size_t row_bytes = (size_t)D * kva__esize(dt);
 	struct kva__rows rows[AHEAD + 1];
 	int k = 0;
 
-	for (int g = 0; g < G; g++) {
+	for (int g = 0; g < H * t->group; g++) {
 		t->m[g] = -INFINITY;
 		t->l[g] = 0.0f;
 	}
-	memset(t->acc, 0, sizeof(float) * (size_t)G * D);
+	memset(t->acc, 0, sizeof(float) * (size_t)H * t->group * D);
 	for (int a = 0; a < AHEAD; a++) {
 		kva__rows_at(t, t->t0 + a * KVA__BLOCK_TOKENS, &rows[a]);
-		prefetch(rows[a].k, &rows[a], 0, rows[a].n, (size_t)D * kva__esize(dt));
-		prefetch(rows[a].v, &rows[a], 0, rows[a].n, (size_t)D * kva__esize(dt));
+		for (int h = 0; h < H; h++) {
+			prefetch(rows[a].k, kva__head_offset(t->kv, h), &rows[a], 0, rows[a].n, row_bytes);
+			prefetch(rows[a].v, kva__head_offset(t->kv, h), &rows[a], 0, rows[a].n, row_bytes);
+		}
 	}
 
 	for (int32_t tb = t->t0; tb < t->t1; tb += KVA__BLOCK_TOKENS, k++) {
@@ -354,57 +428,12 @@ AI void tile(const struct kva__tile *t, const enum kva_dtype dt, int NC)
 
 		/* n = 0 past the end */
 		kva__rows_at(t, tb + AHEAD * KVA__BLOCK_TOKENS, pf);
+		for (int h = 0; h < H; h++) {
+			struct kva__tile th;
 
-		/* scores: 16 tokens x 1 head, 8 x 2 or 4 x 4 at a time */
-		if (G == 1)
-			for (int i = 0; i < bk->n; i += 16)
-				score16(t, bk, pf, i, 0, s, dt, NC, 16, 1);
-		else if (G == 2)
-			for (int i = 0; i < bk->n; i += 8)
-				score16(t, bk, pf, i, 0, s, dt, NC, 8, 2);
-		else
-			for (int i = 0; i < bk->n; i += 4)
-				for (int g0 = 0; g0 < G; g0 += 4)
-					score16(t, bk, pf, i, g0, s, dt, NC, 4, 4);
-
-		/* fold the block's scores, times the K scales, into each head's
-		 * running state; s becomes p * (V scale), ready for accumulate() */
-		for (int g = 0; g < G; g++) {
-			__m512 lo = _mm512_mask_loadu_ps(_mm512_set1_ps(-INFINITY), first(bk->n), s[g]);
-			__m512 hi = _mm512_mask_loadu_ps(_mm512_set1_ps(-INFINITY), first(bk->n - 16),
-							 s[g] + 16);
-
-			if (dt == KVA_FP8_E4M3 || dt == KVA_INT8) { /* the K scales */
-				lo = _mm512_mask_mul_ps(lo, first(bk->n), lo, _mm512_loadu_ps(bk->ks));
-				hi = _mm512_mask_mul_ps(hi, first(bk->n - 16), hi,
-							_mm512_loadu_ps(bk->ks + 16));
-			}
-			float mb = kva_max(t->m[g], _mm512_reduce_max_ps(_mm512_max_ps(lo, hi)));
-			float r = kva_rescale(t->m[g], mb);
-			__m512 m = _mm512_set1_ps(mb), plo, phi;
-
-			if (r != 1.0f) {
-				__m512 rv = _mm512_set1_ps(r);
-
-				t->l[g] *= r;
-				for (int c = 0; c < NC; c++) {
-					float *o = t->acc + (size_t)g * D + c * 16;
-
-					_mm512_storeu_ps(o, _mm512_mul_ps(_mm512_loadu_ps(o), rv));
-				}
-			}
-			t->m[g] = mb;
-			plo = _mm512_maskz_mov_ps(first(bk->n), exp2_ps(_mm512_sub_ps(lo, m)));
-			phi = _mm512_maskz_mov_ps(first(bk->n - 16), exp2_ps(_mm512_sub_ps(hi, m)));
-			t->l[g] += _mm512_reduce_add_ps(_mm512_add_ps(plo, phi));
-			if (dt == KVA_FP8_E4M3 || dt == KVA_INT8) {
-				plo = _mm512_mul_ps(plo, _mm512_loadu_ps(bk->vs));
-				phi = _mm512_mul_ps(phi, _mm512_loadu_ps(bk->vs + 16));
-			}
-			_mm512_store_ps(s[g], plo);
-			_mm512_store_ps(s[g] + 16, phi);
+			kva__tile_head(t, h, &th);
+			head_block(&th, bk, pf, tb, kva__head_offset(t->kv, h), dt, NC);
 		}
-		accumulate(t, bk, pf, s, dt, NC);
 	}
 }
 

@@ -34,7 +34,8 @@ static void load_row(const void *row, enum kva_dtype t, int32_t n, float *out)
 	}
 }
 
-void kva__tile_scalar(const struct kva__tile *t)
+/* one KV head (a span of one) */
+static void head(const struct kva__tile *t)
 {
 	const struct kva_kv_desc *kv = t->kv;
 	const int32_t G = t->group, D = kv->head_dim, P = kv->page_size;
@@ -88,5 +89,15 @@ void kva__tile_scalar(const struct kva__tile *t)
 					acc[d] += pv * row[d];
 			}
 		}
+	}
+}
+
+void kva__tile_scalar(const struct kva__tile *t)
+{
+	struct kva__tile h;
+
+	for (int32_t i = 0; i < t->heads; i++) {
+		kva__tile_head(t, i, &h);
+		head(&h);
 	}
 }

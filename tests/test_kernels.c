@@ -498,6 +498,67 @@ static void test_thread_count_changes_nothing(void **state)
 	free(out);
 }
 
+/*
+ * A tile covers a span of KV heads: all of them when the batch has splits
+ * enough for the threads, fewer otherwise (decode.c). Three KV heads, 12
+ * splits: 1 thread runs spans of 3, 4 threads spans of 2 and 1 (an uneven
+ * last span), 8 threads spans of 1. Each head is computed alone: bit for bit
+ * the same, per-head scales (int8, fp8) included, and the same as the
+ * reference; NaN in the padding between heads is never read.
+ */
+static void test_head_spans_change_nothing(void **state)
+{
+	static const enum kva_dtype dts[] = { KVA_F16, KVA_INT8, KVA_FP8_E4M3 };
+	static const int32_t lens[] = { 700, 650, 513, 600 };
+	static const int threads[] = { 1, 4, 8 };
+	const int32_t heads = 3, group = 4, qh = heads * group, D = 64;
+
+	(void)state;
+	for (unsigned d = 0; d < 3; d++)
+		for (int order = HND; order <= NHD; order++) {
+			uint64_t rng = 41 + d;
+			struct cache c;
+			struct batch b;
+			int32_t pages = pages_for(lens, 4, 16) + 2;
+			size_t nq = 4 * (size_t)qh * D;
+			float *q = malloc(sizeof(float) * nq), *first = malloc(sizeof(float) * nq);
+			float *out = malloc(sizeof(float) * nq), lse1[4 * 12], lse[4 * 12];
+			double *ref = malloc(sizeof(double) * nq), rlse[4 * 12];
+
+			cache_make(&c, dts[d], pages, 16, heads, D, (enum order)order, 8);
+			batch_make(&b, lens, 4, 16, pages, false, &rng);
+			fill(&c, &b, 1.0f, &rng);
+			for (size_t i = 0; i < nq; i++)
+				q[i] = frand(&rng);
+			reference(&c, &b, q, qh, 0.125, ref, rlse);
+			for (int k = 0; k < n_isas; k++)
+				for (unsigned t = 0; t < 3; t++) {
+					struct kva_decode_opts o = { .threads = threads[t],
+								     .split_tokens = 200,
+								     .isa = isas[k] };
+
+					assert_int_equal(kva_decode(&c.kv, &b.pt, q, KVA_F32, qh, 0.125f,
+								    out, lse, &o), 0);
+					if (!(worst(out, ref, 4 * (size_t)qh, D) <= tolerance(dts[d])))
+						fail_msg("%s %s threads %d: error %.3g",
+							 kva_isa_name(isas[k]), kva_dtype_name(dts[d]),
+							 threads[t], worst(out, ref, 4 * (size_t)qh, D));
+					if (t == 0) {
+						memcpy(first, out, sizeof(float) * nq);
+						memcpy(lse1, lse, sizeof(lse));
+					}
+					assert_memory_equal(out, first, sizeof(float) * nq);
+					assert_memory_equal(lse, lse1, sizeof(lse));
+				}
+			cache_free(&c);
+			batch_free(&b);
+			free(q);
+			free(first);
+			free(out);
+			free(ref);
+		}
+}
+
 static void test_long_context_past_16k(void **state)
 {
 	static const int32_t lens[] = { 16384 + 5, 3 };
@@ -1019,6 +1080,7 @@ int main(void)
 		cmocka_unit_test(test_page_sizes_and_lengths_around_boundaries),
 		cmocka_unit_test(test_split_boundaries_and_split_invariance),
 		cmocka_unit_test(test_thread_count_changes_nothing),
+		cmocka_unit_test(test_head_spans_change_nothing),
 		cmocka_unit_test(test_long_context_past_16k),
 		cmocka_unit_test(test_strides_nhd_hnd_and_padding),
 		cmocka_unit_test(test_large_logits_stay_finite_and_exact),
