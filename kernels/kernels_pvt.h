@@ -28,7 +28,8 @@
 
 #define KVA__MAX_GROUP 64      /* query heads per KV head */
 #define KVA__MAX_HEAD_DIM 1024
-#define KVA__BLOCK_TOKENS 32   /* tokens a tile scores before it updates its softmax state */
+#define KVA__BLOCK_TOKENS 48   /* tokens a tile scores before it updates its softmax state */
+_Static_assert(KVA__BLOCK_TOKENS % 48 == 0, "the vector tiles take blocks in 3 x 16 and 12 x 4 tokens");
 
 struct kva__tile {
 	const struct kva_kv_desc *kv;
@@ -155,6 +156,61 @@ static inline void kva__scales_at(const struct kva__tile *t, int32_t tb, int n, 
 	}
 	for (int i = n; i < KVA__BLOCK_TOKENS; i++)
 		vs[i] = 0.0f;
+}
+
+/*
+ * Prefetching the next block while this one is computed, spread over the
+ * loops that compute it (a burst of a whole block's prefetches stalls on
+ * the line fill buffers) and in address order across the span's heads:
+ * the K rows token by token and head by head, then the V rows, so that a
+ * span of all heads reads each page's K and V front to back, as DRAM rows
+ * and the hardware prefetchers like.  Every line, into L2 (hint 2, T1):
+ * L1 cannot hold a block, and L2 to L1 is what out-of-order execution
+ * hides; measured on Zen 4 with one thread, T1 gave 0.75 of the read
+ * ceiling where T0 gave 0.52 and NTA 0.49.
+ */
+struct kva__pf {
+	const struct kva__rows *nx;
+	size_t hstride, row_bytes;  /* bytes from one head's row to the next's; of a row */
+	int heads, per;             /* rows a step prefetches */
+	int part, j, h;             /* the next row: K (0) or V (1), token, head */
+};
+
+static inline void kva__pf_begin(struct kva__pf *pf, const struct kva__tile *t,
+				 const struct kva__rows *nx, size_t row_bytes, int steps)
+{
+	int rows = 2 * nx->n * t->heads;
+
+	pf->nx = nx;
+	pf->hstride = kva__head_offset(t->kv, 1);
+	pf->row_bytes = row_bytes;
+	pf->heads = t->heads;
+	pf->per = steps > 0 ? (rows + steps - 1) / steps : rows;
+	pf->part = nx->n ? 0 : 2;
+	pf->j = pf->h = 0;
+}
+
+/* @rows more rows (all that are left if @rows < 0) */
+static inline void kva__pf_rows(struct kva__pf *pf, int rows)
+{
+	for (; rows != 0 && pf->part < 2; rows--) {
+		const char *r = (pf->part ? pf->nx->v : pf->nx->k)[pf->j] + pf->h * pf->hstride;
+
+		for (size_t off = 0; off < pf->row_bytes; off += 64)
+			__builtin_prefetch(r + off, 0, 2);
+		if (++pf->h == pf->heads) {
+			pf->h = 0;
+			if (++pf->j == pf->nx->n) {
+				pf->j = 0;
+				pf->part++;
+			}
+		}
+	}
+}
+
+static inline void kva__pf_step(struct kva__pf *pf)
+{
+	kva__pf_rows(pf, pf->per);
 }
 
 /* decode.c: argument checks shared with the CUDA entry points */

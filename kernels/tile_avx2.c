@@ -1,9 +1,25 @@
 /* SPDX-License-Identifier: MIT */
 /*
  * tile_avx2.c - the decode tile with AVX2 + FMA + F16C (head_dim a multiple
- * of 8): tile_avx512.c's arrangement with 8 lanes and 16 registers. Eight
- * dot products are scored at a time (8 tokens x 1 head, 4 x 2 or 2 x 4) and
- * reduced together; exp2 builds 2^n from its exponent bits (no vscalefps).
+ * of 8), for the 16 ymm registers AVX2 has.
+ *
+ * What bounds it (measured on Zen 4 with tilebench-like loops over cached
+ * pages): an FMA has a latency of 4 cycles and two issue each cycle, so 8
+ * independent accumulators only just keep the FMA pipes busy, and any
+ * stall shows; 12 leave slack. The shapes below all keep 12 accumulators
+ * where the group allows, with at most 16 registers live:
+ *
+ *   scores      3 tokens x 4 heads: 3 K chunks in registers, q from memory
+ *               6 x 2 and 12 x 1: q chunks in registers, K chunks in turn
+ *   output      4 heads x 3 chunks: the heads in pairs, each pair with its
+ *               two broadcasts p and the V chunks loaded again (a load is
+ *               cheaper than the register it would hold)
+ *
+ * and read each K and V line of a head once per block where the group allows
+ * (all heads of a group at once): one head's rows are 256-byte pieces at a
+ * token_stride of 2 KiB, which fall into 8 of L1's 64 sets, so a second pass
+ * over a block finds them in L2, not L1. A block is 48 tokens (3 x 16).
+ * exp2 builds 2^n from its exponent bits (AVX2 has no vscalefps).
  */
 #include <immintrin.h>
 
@@ -11,8 +27,13 @@
 
 #define AI __attribute__((always_inline)) static inline
 
-/* blocks the prefetches run ahead of the compute (tile_avx512.c's reason) */
-#define AHEAD 2
+/*
+ * Blocks the prefetches run ahead of the compute: a block of a whole span
+ * is 48 tokens x 8 heads x 512 bytes (f16, head_dim 128) = 192 KiB, which
+ * takes longer to compute than memory takes to answer; two ahead would
+ * overflow a 512 KiB L2.
+ */
+#define AHEAD 1
 
 /* 8 elements of a K or V row, as fp32 (without the row's scale) */
 AI __m256 load8(const void *p, const enum kva_dtype dt)
@@ -51,6 +72,14 @@ AI __m256 reduce8(const __m256 v[8])
 
 	return _mm256_add_ps(_mm256_permute2f128_ps(s0123, s4567, 0x20),
 			     _mm256_permute2f128_ps(s0123, s4567, 0x31));
+}
+
+/* lane i = the sum of v[i]'s 8 lanes, for 4 */
+AI __m128 reduce4(const __m256 v[4])
+{
+	__m256 s = _mm256_hadd_ps(_mm256_hadd_ps(v[0], v[1]), _mm256_hadd_ps(v[2], v[3]));
+
+	return _mm_add_ps(_mm256_castps256_ps128(s), _mm256_extractf128_ps(s, 1));
 }
 
 /*
@@ -96,43 +125,88 @@ AI float hsum8(__m256 v)
 	return _mm_cvtss_f32(s);
 }
 
-/* the rows AHEAD blocks on, a few at a time, every line, into L2 (tile_avx512.c) */
-AI void prefetch(const char *const *rows, size_t hoff, const struct kva__rows *nx, int i, int n,
-		 size_t row_bytes)
-{
-	for (int j = i; j < i + n && j < nx->n; j++)
-		for (size_t off = 0; off < row_bytes; off += 64)
-			_mm_prefetch(rows[j] + hoff + off, _MM_HINT_T1);
-}
+/*
+ * A block's scores, then its p: s[g][t]. A row has room past the block for
+ * what the transposed stores of score_body write beyond a call's tokens
+ * (the next call overwrites it, or nothing reads it).
+ */
+#define ROW (KVA__BLOCK_TOKENS + 8)
 
-/* Score tokens [i, i + nt) x heads [g0, g0 + ng), at most 8, into s[g][i]. */
+/*
+ * Score tokens [i, i + nt) x heads [g0, g0 + ng) into s[g][i]: TB x GB dot
+ * products, each accumulated in a ymm across head_dim, then reduced 8 (and
+ * 4) at a time. The caller passes nt == TB and ng == GB as constants except
+ * at a block's or a group's end.
+ */
 AI void score_body(const struct kva__tile *t, const struct kva__rows *bk, size_t hoff,
-		   const float *ks, int i, int g0, float s[][KVA__BLOCK_TOKENS],
-		   const enum kva_dtype dt, int NC, const int GB, const int nt, const int ng)
+		   const float *ks, int i, int g0, float s[][ROW],
+		   const enum kva_dtype dt, int NC, const int TB, const int GB, const int nt,
+		   const int ng)
 {
 	const int D = NC * 8;
 	const size_t esize = kva__esize(dt);
-	__m256 a[8], qv[4];
-	float r[8];
-	const char *kr[8];
+	const float *qb = t->q + (size_t)g0 * D;
+	__m256 a[12];
+	_Alignas(32) float r[16];
+	const char *kr[12];
 
-	for (int j = 0; j < 8; j++)
+	for (int j = 0; j < 12; j++)
 		a[j] = _mm256_setzero_ps();
-	/* each token's row of this head, once */
 	for (int tt = 0; tt < nt; tt++)
 		kr[tt] = bk->k[i + tt] + hoff;
-	/* registers: 8 accumulators, GB query chunks, one K chunk */
 	for (int c = 0; c < NC; c++) {
-		for (int gg = 0; gg < ng; gg++)
-			qv[gg] = _mm256_loadu_ps(t->q + (size_t)(g0 + gg) * D + c * 8);
-		for (int tt = 0; tt < nt; tt++) {
-			__m256 kc = load8(kr[tt] + (size_t)c * 8 * esize, dt);
+		if (GB >= 3) {
+			/* the tokens' K chunks in registers, q from memory */
+			__m256 kc[3];
 
-			for (int gg = 0; gg < ng; gg++)
-				a[tt * GB + gg] = _mm256_fmadd_ps(kc, qv[gg], a[tt * GB + gg]);
+			for (int tt = 0; tt < nt; tt++)
+				kc[tt] = load8(kr[tt] + (size_t)c * 8 * esize, dt);
+			for (int gg = 0; gg < ng; gg++) {
+				__m256 q = _mm256_loadu_ps(qb + (size_t)gg * D + c * 8);
+
+				for (int tt = 0; tt < nt; tt++)
+					a[tt * GB + gg] = _mm256_fmadd_ps(kc[tt], q, a[tt * GB + gg]);
+			}
+		} else {
+			/* q in registers (as a memory operand it would be loaded
+			 * TB times), the tokens' K chunks in turn */
+			__m256 qv[2];
+
+			for (int gg = 0; gg < ng; gg++) {
+				qv[gg] = _mm256_loadu_ps(qb + (size_t)gg * D + c * 8);
+				__asm__("" : "+x"(qv[gg]));
+			}
+			for (int tt = 0; tt < nt; tt++) {
+				__m256 kc = load8(kr[tt] + (size_t)c * 8 * esize, dt);
+
+				for (int gg = 0; gg < ng; gg++)
+					a[tt * GB + gg] = _mm256_fmadd_ps(kc, qv[gg], a[tt * GB + gg]);
+			}
 		}
 	}
-	_mm256_storeu_ps(r, reduce8(a));
+	if (TB == 3 && GB == 4 && nt == TB && ng == GB && dt != KVA_FP8_E4M3 && dt != KVA_INT8) {
+		/* lanes t0g0..t0g3 t1g0..t1g3 and t2g0..t2g3: transposed, each
+		 * head's three scores are one store (and a fourth lane the next
+		 * call overwrites) */
+		__m256 r8 = reduce8(a);
+		__m128 c0 = _mm256_castps256_ps128(r8), c1 = _mm256_extractf128_ps(r8, 1);
+		__m128 c2 = reduce4(a + 8), c3 = _mm_setzero_ps();
+
+		_MM_TRANSPOSE4_PS(c0, c1, c2, c3);
+		_mm_storeu_ps(&s[g0][i], c0);
+		_mm_storeu_ps(&s[g0 + 1][i], c1);
+		_mm_storeu_ps(&s[g0 + 2][i], c2);
+		_mm_storeu_ps(&s[g0 + 3][i], c3);
+		return;
+	}
+	if (TB == 12 && GB == 1 && nt == TB && ng == GB && dt != KVA_FP8_E4M3 && dt != KVA_INT8) {
+		_mm256_storeu_ps(&s[g0][i], reduce8(a));
+		_mm_storeu_ps(&s[g0][i + 8], reduce4(a + 8));
+		return;
+	}
+	_mm256_store_ps(r, reduce8(a));
+	if (TB * GB > 8)
+		_mm_store_ps(r + 8, reduce4(a + 8));
 	for (int tt = 0; tt < nt; tt++)
 		for (int gg = 0; gg < ng; gg++)
 			s[g0 + gg][i + tt] = dt == KVA_FP8_E4M3 || dt == KVA_INT8
@@ -143,55 +217,83 @@ AI void score_body(const struct kva__tile *t, const struct kva__rows *bk, size_t
 static __attribute__((noinline)) void score_tail(const struct kva__tile *t,
 						 const struct kva__rows *bk, size_t hoff,
 						 const float *ks, int i, int g0,
-						 float s[][KVA__BLOCK_TOKENS], enum kva_dtype dt,
-						 int NC, int GB, int nt, int ng)
+						 float s[][ROW], enum kva_dtype dt,
+						 int NC, int TB, int GB, int nt, int ng)
 {
-	score_body(t, bk, hoff, ks, i, g0, s, dt, NC, GB, nt, ng);
+	score_body(t, bk, hoff, ks, i, g0, s, dt, NC, TB, GB, nt, ng);
 }
 
-AI void score8(const struct kva__tile *t, const struct kva__rows *bk, const struct kva__rows *nx,
-	       size_t hoff, const float *ks, int i, int g0, float s[][KVA__BLOCK_TOKENS],
-	       const enum kva_dtype dt, int NC, const int TB, const int GB)
+/* heads [g0, g0 + GB) x every token of the block, K prefetches between calls */
+AI void score_heads(const struct kva__tile *t, const struct kva__rows *bk,
+		    struct kva__pf *pf, size_t hoff, const float *ks, int g0,
+		    float s[][ROW], const enum kva_dtype dt, int NC, const int TB,
+		    const int GB)
 {
-	const int nt = bk->n - i < TB ? bk->n - i : TB;
 	const int ng = t->group - g0 < GB ? t->group - g0 : GB;
 
-	if (g0 == 0)
-		prefetch(nx->k, hoff, nx, i, TB, (size_t)NC * 8 * kva__esize(dt));
-	if (nt == TB && ng == GB)
-		score_body(t, bk, hoff, ks, i, g0, s, dt, NC, GB, TB, GB);
-	else
-		score_tail(t, bk, hoff, ks, i, g0, s, dt, NC, GB, nt, ng);
+	for (int i = 0; i < bk->n; i += TB) {
+		kva__pf_step(pf);
+		if (bk->n - i >= TB && ng == GB)
+			score_body(t, bk, hoff, ks, i, g0, s, dt, NC, TB, GB, TB, GB);
+		else
+			score_tail(t, bk, hoff, ks, i, g0, s, dt, NC, TB, GB,
+				   bk->n - i < TB ? bk->n - i : TB, ng);
+	}
 }
 
-/* acc[g] += sum_t p[g][t] v[t] for ng heads x nc chunks kept in registers */
+/*
+ * acc[g] += sum_t p[g][t] v[t] for heads [g0, g0 + ng) x chunks [c0, c0 + nc)
+ * kept in registers over the block: the heads in pairs, each pair with its
+ * two broadcasts, the V chunks loaded again for each pair.
+ */
 AI void accumulate_body(const struct kva__tile *t, const struct kva__rows *bk, size_t hoff,
-			const struct kva__rows *pf, float s[][KVA__BLOCK_TOKENS], int g0, int c0,
-			const enum kva_dtype dt, int NC, const int CG, const int ng, const int nc)
+			float s[][ROW], int g0, int c0, const enum kva_dtype dt,
+			int NC, const int CG, const int ng, const int nc)
 {
 	const int D = NC * 8;
 	const size_t esize = kva__esize(dt);
-	__m256 acc[8];
+	__m256 acc[12];
 
 	for (int gg = 0; gg < ng; gg++)
 		for (int cc = 0; cc < nc; cc++)
 			acc[gg * CG + cc] = _mm256_loadu_ps(t->acc + (size_t)(g0 + gg) * D + (c0 + cc) * 8);
-	for (int i = 0; i < bk->n; i++) {
-		const char *row = bk->v[i] + hoff + (size_t)c0 * 8 * esize;
+	/*
+	 * Pointers, not indices: the rows' table, this token's p for the
+	 * first head (the others a constant ROW apart) and the loop's end stay
+	 * in registers, with the accumulators' sixteen ymm the loop has no
+	 * general register to spare for a reload from the stack.
+	 */
+	const char *const *vp = bk->v, *const *vend = bk->v + bk->n;
+	const float *sp = &s[g0][0];
+	const size_t off = hoff + (size_t)c0 * 8 * esize;
 
-		/* one register, the chunks at displacements from it: left to
-		 * itself, the compiler keeps hoff + chunk offset per chunk and
-		 * spills them */
-		__asm__("" : "+r"(row));
+	for (; vp < vend; vp++, sp++) {
+		const char *row = *vp + off;
 
-		if (pf)
-			prefetch(pf->v, hoff, pf, i, 1, (size_t)D * esize);
-		for (int cc = 0; cc < nc; cc++) {
-			__m256 vc = load8(row + (size_t)cc * 8 * esize, dt);
+		for (int gp = 0; gp < ng; gp += 2) {
+			const char *rr = row;
+			const float *pq = sp;
+			__m256 b0, b1;
 
-			for (int gg = 0; gg < ng; gg++)
-				acc[gg * CG + cc] = _mm256_fmadd_ps(_mm256_broadcast_ss(&s[g0 + gg][i]), vc,
-								    acc[gg * CG + cc]);
+			/*
+			 * The chunks at displacements from one register, and
+			 * loaded again for each pair: without the barrier the
+			 * compiler keeps them from the first pair, runs out of
+			 * registers and spills an accumulator, whose FMA chain
+			 * then goes through memory. The same for p, whose rows
+			 * it would otherwise address with a register each.
+			 */
+			__asm__ volatile("" : "+r"(rr), "+r"(pq));
+			b0 = _mm256_broadcast_ss(pq + gp * ROW);
+			b1 = gp + 1 < ng ? _mm256_broadcast_ss(pq + (gp + 1) * ROW) : b0;
+			for (int cc = 0; cc < nc; cc++) {
+				__m256 vc = load8(rr + (size_t)cc * 8 * esize, dt);
+
+				acc[gp * CG + cc] = _mm256_fmadd_ps(b0, vc, acc[gp * CG + cc]);
+				if (gp + 1 < ng)
+					acc[(gp + 1) * CG + cc] =
+						_mm256_fmadd_ps(b1, vc, acc[(gp + 1) * CG + cc]);
+			}
 		}
 	}
 	for (int gg = 0; gg < ng; gg++)
@@ -202,76 +304,112 @@ AI void accumulate_body(const struct kva__tile *t, const struct kva__rows *bk, s
 
 static __attribute__((noinline)) void accumulate_tail(const struct kva__tile *t,
 						      const struct kva__rows *bk, size_t hoff,
-						      const struct kva__rows *pf,
-						      float s[][KVA__BLOCK_TOKENS], int g0, int c0,
+						      float s[][ROW], int g0, int c0,
 						      enum kva_dtype dt, int NC, int CG, int ng,
 						      int nc)
 {
-	accumulate_body(t, bk, hoff, pf, s, g0, c0, dt, NC, CG, ng, nc);
+	accumulate_body(t, bk, hoff, s, g0, c0, dt, NC, CG, ng, nc);
 }
 
+/*
+ * Heads [g0, g0 + GB) x chunks [c0, c0 + CG): constants when whole, and
+ * for the last one or two chunks of a 3-chunk part (head_dim 64, 128, 256
+ * leave one or two), so that only an odd group takes the shared tail.
+ */
 AI void accumulate_part(const struct kva__tile *t, const struct kva__rows *bk, size_t hoff,
-			const struct kva__rows *pf, float s[][KVA__BLOCK_TOKENS], int g0, int c0,
-			const enum kva_dtype dt, int NC, const int GB, const int CG)
+			float s[][ROW], int g0, int c0, const enum kva_dtype dt,
+			int NC, const int GB, const int CG)
 {
 	const int ng = t->group - g0 < GB ? t->group - g0 : GB;
 	const int nc = NC - c0 < CG ? NC - c0 : CG;
 
 	if (ng == GB && nc == CG)
-		accumulate_body(t, bk, hoff, pf, s, g0, c0, dt, NC, CG, GB, CG);
+		accumulate_body(t, bk, hoff, s, g0, c0, dt, NC, CG, GB, CG);
+	else if (ng == GB && nc == 1)
+		accumulate_body(t, bk, hoff, s, g0, c0, dt, NC, CG, GB, 1);
+	else if (ng == GB && nc == 2)
+		accumulate_body(t, bk, hoff, s, g0, c0, dt, NC, CG, GB, 2);
 	else
-		accumulate_tail(t, bk, hoff, pf, s, g0, c0, dt, NC, CG, ng, nc);
+		accumulate_tail(t, bk, hoff, s, g0, c0, dt, NC, CG, ng, nc);
 }
 
-/* the V rows of block @pf are prefetched token by token in the first part */
-AI void parts(const struct kva__tile *t, const struct kva__rows *bk, size_t hoff,
-	      const struct kva__rows *pf, float s[][KVA__BLOCK_TOKENS], const enum kva_dtype dt,
-	      int NC, const int GB, const int CG)
+/* the chunks of a part: 3-chunk parts end 3 + 1 as 2 + 2 (8 accumulators, not 4) */
+static inline int part_chunks(int NC, int c0, int CG)
+{
+	return CG == 3 && NC - c0 == 4 ? 2 : CG;
+}
+
+/* a prefetch step before each part */
+AI void accumulate(const struct kva__tile *t, const struct kva__rows *bk, size_t hoff,
+		   struct kva__pf *pf, float s[][ROW], const enum kva_dtype dt, int NC,
+		   const int GB, const int CG)
 {
 	for (int g0 = 0; g0 < t->group; g0 += GB)
-		for (int c0 = 0; c0 < NC; c0 += CG)
-			accumulate_part(t, bk, hoff, g0 == 0 && c0 == 0 ? pf : NULL, s, g0, c0, dt,
-					NC, GB, CG);
+		for (int c0 = 0; c0 < NC;) {
+			int cg = part_chunks(NC, c0, CG);
+
+			kva__pf_step(pf);
+			if (cg == 2)
+				accumulate_part(t, bk, hoff, s, g0, c0, dt, NC, GB, 2);
+			else
+				accumulate_part(t, bk, hoff, s, g0, c0, dt, NC, GB, CG);
+			c0 += cg;
+		}
 }
 
-/* 8 accumulators: 1 head x 8 chunks, 2 x 4, or 4 x 2 */
-AI void accumulate(const struct kva__tile *t, const struct kva__rows *bk, size_t hoff,
-		   const struct kva__rows *pf, float s[][KVA__BLOCK_TOKENS],
-		   const enum kva_dtype dt, int NC)
+/* the register tile of each phase for a group of G: (TB, GB) and (GB, CG) */
+static inline int score_tb(int heads)
 {
-	const int G = t->group;
+	return heads >= 3 ? 3 : heads == 2 ? 6 : 12;
+}
 
-	if (G == 1)
-		parts(t, bk, hoff, pf, s, dt, NC, 1, 8);
-	else if (G == 2)
-		parts(t, bk, hoff, pf, s, dt, NC, 2, 4);
-	else
-		parts(t, bk, hoff, pf, s, dt, NC, 4, 2);
+static inline void acc_shape(int G, int *GB, int *CG)
+{
+	*GB = G == 1 ? 1 : G == 2 ? 2 : 4;
+	*CG = G == 1 ? 8 : G == 2 ? 4 : 3;
+}
+
+/* the prefetch steps of one head's turn at a block of n tokens */
+static int head_steps(int G, int NC, int n)
+{
+	int steps = 0, GB, CG;
+
+	for (int g0 = 0; g0 < G; g0 += G == 2 ? 2 : G == 1 ? 1 : 4) {
+		int tb = score_tb(G - g0 < 4 ? G - g0 : 4);
+
+		steps += (n + tb - 1) / tb;
+	}
+	acc_shape(G, &GB, &CG);
+	for (int g0 = 0; g0 < G; g0 += GB)
+		for (int c0 = 0; c0 < NC; c0 += part_chunks(NC, c0, CG))
+			steps++;
+	return steps;
 }
 
 /* One KV head's turn at a block: score, fold into the softmax state, accumulate. */
-AI void head_block(const struct kva__tile *t, const struct kva__rows *bk,
-		   const struct kva__rows *nx, int32_t tb, size_t hoff, const enum kva_dtype dt,
-		   int NC)
+AI void head_block(const struct kva__tile *t, const struct kva__rows *bk, struct kva__pf *pf,
+		   int32_t tb, size_t hoff, const enum kva_dtype dt, int NC)
 {
-	const int G = t->group, D = NC * 8;
+	const int G = t->group, D = NC * 8, nv = (bk->n + 7) / 8;
 	const __m256i lane = _mm256_setr_epi32(0, 1, 2, 3, 4, 5, 6, 7);
-	_Alignas(32) float s[KVA__MAX_GROUP][KVA__BLOCK_TOKENS];
+	_Alignas(32) float s[KVA__MAX_GROUP][ROW];
 	_Alignas(32) float ks[KVA__BLOCK_TOKENS], vs[KVA__BLOCK_TOKENS];
-	int nv = (bk->n + 7) / 8;
 
 	if (dt == KVA_FP8_E4M3 || dt == KVA_INT8)
 		kva__scales_at(t, tb, bk->n, t->kv_head, ks, vs);
-	if (G == 1)
-		for (int i = 0; i < bk->n; i += 8)
-			score8(t, bk, nx, hoff, ks, i, 0, s, dt, NC, 8, 1);
-	else if (G == 2)
-		for (int i = 0; i < bk->n; i += 4)
-			score8(t, bk, nx, hoff, ks, i, 0, s, dt, NC, 4, 2);
-	else
-		for (int i = 0; i < bk->n; i += 2)
-			for (int g0 = 0; g0 < G; g0 += 4)
-				score8(t, bk, nx, hoff, ks, i, g0, s, dt, NC, 2, 4);
+	if (G == 1) {
+		score_heads(t, bk, pf, hoff, ks, 0, s, dt, NC, 12, 1);
+	} else if (G == 2) {
+		score_heads(t, bk, pf, hoff, ks, 0, s, dt, NC, 6, 2);
+	} else {
+		for (int g0 = 0; g0 < G; g0 += 4)
+			if (G - g0 >= 3)
+				score_heads(t, bk, pf, hoff, ks, g0, s, dt, NC, 3, 4);
+			else if (G - g0 == 2)
+				score_heads(t, bk, pf, hoff, ks, g0, s, dt, NC, 6, 2);
+			else
+				score_heads(t, bk, pf, hoff, ks, g0, s, dt, NC, 12, 1);
+	}
 
 	for (int g = 0; g < G; g++) {
 		__m256 sv[KVA__BLOCK_TOKENS / 8], mv = _mm256_set1_ps(-INFINITY), psum;
@@ -311,14 +449,23 @@ AI void head_block(const struct kva__tile *t, const struct kva__rows *bk,
 		}
 		t->l[g] += hsum8(psum);
 	}
-	accumulate(t, bk, hoff, nx, s, dt, NC);
+
+	/* 8 accumulators for one or two heads (memory bounds them), 12 for more */
+	if (G == 1)
+		accumulate(t, bk, hoff, pf, s, dt, NC, 1, 8);
+	else if (G == 2)
+		accumulate(t, bk, hoff, pf, s, dt, NC, 2, 4);
+	else
+		accumulate(t, bk, hoff, pf, s, dt, NC, 4, 3);
 }
 
 AI void tile(const struct kva__tile *t, const enum kva_dtype dt, int NC)
 {
 	const int D = NC * 8, H = t->heads;
 	const size_t row_bytes = (size_t)D * kva__esize(dt);
+	const int steps = H * head_steps(t->group, NC, KVA__BLOCK_TOKENS);
 	struct kva__rows rows[AHEAD + 1];
+	struct kva__pf pf;
 	int k = 0;
 
 	for (int g = 0; g < H * t->group; g++) {
@@ -328,10 +475,8 @@ AI void tile(const struct kva__tile *t, const enum kva_dtype dt, int NC)
 	memset(t->acc, 0, sizeof(float) * (size_t)H * t->group * D);
 	for (int a = 0; a < AHEAD; a++) {
 		kva__rows_at(t, t->t0 + a * KVA__BLOCK_TOKENS, &rows[a]);
-		for (int h = 0; h < H; h++) {
-			prefetch(rows[a].k, kva__head_offset(t->kv, h), &rows[a], 0, rows[a].n, row_bytes);
-			prefetch(rows[a].v, kva__head_offset(t->kv, h), &rows[a], 0, rows[a].n, row_bytes);
-		}
+		kva__pf_begin(&pf, t, &rows[a], row_bytes, 1);
+		kva__pf_rows(&pf, -1);
 	}
 
 	for (int32_t tb = t->t0; tb < t->t1; tb += KVA__BLOCK_TOKENS, k++) {
@@ -340,39 +485,53 @@ AI void tile(const struct kva__tile *t, const enum kva_dtype dt, int NC)
 
 		/* n = 0 past the end */
 		kva__rows_at(t, tb + AHEAD * KVA__BLOCK_TOKENS, nx);
+		kva__pf_begin(&pf, t, nx, row_bytes, steps);
 		for (int h = 0; h < H; h++) {
 			struct kva__tile th;
 
 			kva__tile_head(t, h, &th);
-			head_block(&th, bk, nx, tb, kva__head_offset(t->kv, h), dt, NC);
+			head_block(&th, bk, &pf, tb, kva__head_offset(t->kv, h), dt, NC);
 		}
+		kva__pf_rows(&pf, -1); /* what the steps left, if the block was short */
 	}
 }
 
 /*
- * One instance per dtype (its conversion is in the innermost loops); head_dim
- * is a run-time count of 8-lane chunks: unrolling over it as well made the
- * code ten times larger for no speed that could be measured.
+ * One instance per dtype (its conversion is in the innermost loops), and
+ * per head_dim 64 and 128 besides the generic one: with head_dim a constant
+ * the query rows and chunks are displacements from one register, where a
+ * run-time stride costs a register per row, and the ones the loop runs out
+ * of are reloaded from the stack every iteration.
  */
-void kva__tile_avx2(const struct kva__tile *t)
+AI void by_head_dim(const struct kva__tile *t, const enum kva_dtype dt)
 {
 	const int NC = t->kv->head_dim / 8;
 
+	if (NC == 16)
+		tile(t, dt, 16);
+	else if (NC == 8)
+		tile(t, dt, 8);
+	else
+		tile(t, dt, NC);
+}
+
+void kva__tile_avx2(const struct kva__tile *t)
+{
 	switch (t->kv->dtype) {
 	case KVA_F32:
-		tile(t, KVA_F32, NC);
+		by_head_dim(t, KVA_F32);
 		return;
 	case KVA_F16:
-		tile(t, KVA_F16, NC);
+		by_head_dim(t, KVA_F16);
 		return;
 	case KVA_BF16:
-		tile(t, KVA_BF16, NC);
+		by_head_dim(t, KVA_BF16);
 		return;
 	case KVA_FP8_E4M3:
-		tile(t, KVA_FP8_E4M3, NC);
+		by_head_dim(t, KVA_FP8_E4M3);
 		return;
 	case KVA_INT8:
-		tile(t, KVA_INT8, NC);
+		by_head_dim(t, KVA_INT8);
 		return;
 	}
 }

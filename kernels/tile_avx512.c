@@ -10,8 +10,9 @@
  * a score). Softmax: the block's scores are folded into the running max and
  * exponentiated 16 at a time (exp2 by a polynomial and vscalefps). Output:
  * each V chunk, converted once, is multiplied into every head's accumulator.
- * The rows two blocks on are prefetched while this one is computed: pages are
- * scattered, and the hardware prefetcher does not cross them.
+ * The next block's rows are prefetched while this one is computed (pages are
+ * scattered, and the hardware prefetcher does not cross them), by the cursor
+ * of kernels_pvt.h: a step every score16 and every 4th V row of a head.
  */
 #include <immintrin.h>
 
@@ -20,11 +21,12 @@
 #define AI __attribute__((always_inline)) static inline
 
 /*
- * Blocks of KVA__BLOCK_TOKENS that the prefetches run ahead of the compute.
- * One was too few (measured); two keep three blocks, 48 KiB of f16 at
- * head_dim 128, in flight between L2 and the loops; more measured no better.
+ * Blocks the prefetches run ahead of the compute: a block of a whole span is
+ * 48 tokens x 8 heads x 512 bytes (f16, head_dim 128) = 192 KiB, which takes
+ * longer to compute than memory takes to answer. Two ahead measured no
+ * better at group 1 or 4 (Zen 4) and hold twice the L2.
  */
-#define AHEAD 2
+#define AHEAD 1
 
 /* 16 elements of a K or V row, as fp32 (without the row's scale) */
 AI __m512 load16(const void *p, const enum kva_dtype dt)
@@ -103,22 +105,6 @@ AI __mmask16 first(int n)
 }
 
 /*
- * Prefetch the rows of tokens [i, i + n) of block @nx (AHEAD blocks on),
- * spread over the loops that compute this one: a burst of a whole block's
- * prefetches would stall on the line fill buffers. Into L2 (T1): L1 cannot
- * hold AHEAD blocks, and L2 to L1 is what out-of-order execution hides. Every
- * line: every other one, leaving the pair to the adjacent-line prefetcher,
- * measured 10% slower.
- */
-AI void prefetch(const char *const *rows, size_t hoff, const struct kva__rows *nx, int i, int n,
-		 size_t row_bytes)
-{
-	for (int j = i; j < i + n && j < nx->n; j++)
-		for (size_t off = 0; off < row_bytes; off += 64)
-			_mm_prefetch(rows[j] + hoff + off, _MM_HINT_T1);
-}
-
-/*
  * Score tokens [i, i + nt) x heads [g0, g0 + ng) of the block into s[g][i]:
  * up to TB * GB = 16 dot products, reduced together. Called with nt == TB
  * and ng == GB as constants for all but a block's last tile, so that the
@@ -189,7 +175,7 @@ static __attribute__((noinline)) void score_tail(const struct kva__tile *t,
 	score_body(t, bk, hoff, i, g0, s, dt, NC, GB, nt, ng);
 }
 
-AI void score16(const struct kva__tile *t, const struct kva__rows *bk, const struct kva__rows *nx,
+AI void score16(const struct kva__tile *t, const struct kva__rows *bk, struct kva__pf *pf,
 		size_t hoff, int i, int g0, float s[][KVA__BLOCK_TOKENS], const enum kva_dtype dt, int NC,
 		const int TB, const int GB)
 {
@@ -197,7 +183,7 @@ AI void score16(const struct kva__tile *t, const struct kva__rows *bk, const str
 	const int ng = t->group - g0 < GB ? t->group - g0 : GB;
 
 	if (g0 == 0)
-		prefetch(nx->k, hoff, nx, i, TB, (size_t)NC * 16 * kva__esize(dt));
+		kva__pf_step(pf);
 	if (nt == TB && ng == GB)
 		score_body(t, bk, hoff, i, g0, s, dt, NC, GB, TB, GB);
 	else
@@ -211,7 +197,7 @@ AI void score16(const struct kva__tile *t, const struct kva__rows *bk, const str
  * embedded broadcast.
  */
 AI void accumulate_body(const struct kva__tile *t, const struct kva__rows *bk, size_t hoff,
-			const struct kva__rows *pf, float s[][KVA__BLOCK_TOKENS], int g0, int c0,
+			struct kva__pf *pf, float s[][KVA__BLOCK_TOKENS], int g0, int c0,
 			const enum kva_dtype dt, int NC, const int CG, const int ng, const int nc)
 {
 	const int D = NC * 16;
@@ -229,8 +215,8 @@ AI void accumulate_body(const struct kva__tile *t, const struct kva__rows *bk, s
 		 * spills them */
 		__asm__("" : "+r"(row));
 
-		if (pf)
-			prefetch(pf->v, hoff, pf, i, 1, (size_t)D * esize);
+		if (pf && i % 4 == 0)
+			kva__pf_step(pf);
 
 		for (int cc = 0; cc < nc; cc++) {
 			__m512 vc = load16(row + (size_t)cc * 16 * esize, dt);
@@ -249,7 +235,7 @@ AI void accumulate_body(const struct kva__tile *t, const struct kva__rows *bk, s
 /* one part: GB heads x CG chunks (constants when whole) */
 static __attribute__((noinline)) void accumulate_tail(const struct kva__tile *t,
 						      const struct kva__rows *bk, size_t hoff,
-						      const struct kva__rows *pf,
+						      struct kva__pf *pf,
 						      float s[][KVA__BLOCK_TOKENS], int g0, int c0,
 						      enum kva_dtype dt, int NC, int CG, int ng,
 						      int nc)
@@ -258,7 +244,7 @@ static __attribute__((noinline)) void accumulate_tail(const struct kva__tile *t,
 }
 
 AI void accumulate_part(const struct kva__tile *t, const struct kva__rows *bk, size_t hoff,
-			const struct kva__rows *pf, float s[][KVA__BLOCK_TOKENS], int g0, int c0,
+			struct kva__pf *pf, float s[][KVA__BLOCK_TOKENS], int g0, int c0,
 			const enum kva_dtype dt, int NC, const int GB, const int CG)
 {
 	const int ng = t->group - g0 < GB ? t->group - g0 : GB;
@@ -270,9 +256,9 @@ AI void accumulate_part(const struct kva__tile *t, const struct kva__rows *bk, s
 		accumulate_tail(t, bk, hoff, pf, s, g0, c0, dt, NC, CG, ng, nc);
 }
 
-/* the V rows of block @pf are prefetched token by token in the first part */
+/* the first part takes a prefetch step every 4th V row */
 AI void parts(const struct kva__tile *t, const struct kva__rows *bk, size_t hoff,
-	      const struct kva__rows *pf, float s[][KVA__BLOCK_TOKENS], const enum kva_dtype dt,
+	      struct kva__pf *pf, float s[][KVA__BLOCK_TOKENS], const enum kva_dtype dt,
 	      int NC, const int GB, const int CG)
 {
 	for (int g0 = 0; g0 < t->group; g0 += GB)
@@ -288,7 +274,7 @@ AI void parts(const struct kva__tile *t, const struct kva__rows *bk, size_t hoff
  * Four heads a V chunk when the group has them: fewer conversions a byte.
  */
 AI void accumulate(const struct kva__tile *t, const struct kva__rows *bk, size_t hoff,
-		   const struct kva__rows *nx, float s[][KVA__BLOCK_TOKENS],
+		   struct kva__pf *nx, float s[][KVA__BLOCK_TOKENS],
 		   const enum kva_dtype dt, int NC)
 {
 	const int G = t->group;
@@ -341,9 +327,10 @@ AI void accumulate(const struct kva__tile *t, const struct kva__rows *bk, size_t
 
 /* One KV head's turn at a block: score, fold into the softmax state, accumulate. */
 AI void head_block(const struct kva__tile *t, const struct kva__rows *bk,
-		   const struct kva__rows *pf, int32_t tb, size_t hoff, const enum kva_dtype dt,
+		   struct kva__pf *pf, int32_t tb, size_t hoff, const enum kva_dtype dt,
 		   int NC)
 {
+	enum { NV = KVA__BLOCK_TOKENS / 16 };
 	const int G = t->group, D = NC * 16;
 	_Alignas(64) float s[KVA__MAX_GROUP][KVA__BLOCK_TOKENS];
 	_Alignas(64) float ks[KVA__BLOCK_TOKENS], vs[KVA__BLOCK_TOKENS];
@@ -366,18 +353,19 @@ AI void head_block(const struct kva__tile *t, const struct kva__rows *bk,
 	/* fold the block's scores, times the K scales, into each head's
 	 * running state; s becomes p * (V scale), ready for accumulate() */
 	for (int g = 0; g < G; g++) {
-		__m512 lo = _mm512_mask_loadu_ps(_mm512_set1_ps(-INFINITY), first(bk->n), s[g]);
-		__m512 hi = _mm512_mask_loadu_ps(_mm512_set1_ps(-INFINITY), first(bk->n - 16),
-						 s[g] + 16);
+		__m512 sv[NV], mv = _mm512_set1_ps(-INFINITY), m, psum = _mm512_setzero_ps();
+		float mb, r;
 
-		if (dt == KVA_FP8_E4M3 || dt == KVA_INT8) { /* the K scales */
-			lo = _mm512_mask_mul_ps(lo, first(bk->n), lo, _mm512_load_ps(ks));
-			hi = _mm512_mask_mul_ps(hi, first(bk->n - 16), hi, _mm512_load_ps(ks + 16));
+		for (int j = 0; j < NV; j++) {
+			sv[j] = _mm512_mask_loadu_ps(mv, first(bk->n - 16 * j), s[g] + 16 * j);
+			if (dt == KVA_FP8_E4M3 || dt == KVA_INT8) /* the K scales */
+				sv[j] = _mm512_mask_mul_ps(sv[j], first(bk->n - 16 * j), sv[j],
+							   _mm512_load_ps(ks + 16 * j));
 		}
-		float mb = kva_max(t->m[g], _mm512_reduce_max_ps(_mm512_max_ps(lo, hi)));
-		float r = kva_rescale(t->m[g], mb);
-		__m512 m = _mm512_set1_ps(mb), plo, phi;
-
+		for (int j = 0; j < NV; j++)
+			mv = _mm512_max_ps(mv, sv[j]);
+		mb = kva_max(t->m[g], _mm512_reduce_max_ps(mv));
+		r = kva_rescale(t->m[g], mb);
 		if (r != 1.0f) {
 			__m512 rv = _mm512_set1_ps(r);
 
@@ -389,24 +377,37 @@ AI void head_block(const struct kva__tile *t, const struct kva__rows *bk,
 			}
 		}
 		t->m[g] = mb;
-		plo = _mm512_maskz_mov_ps(first(bk->n), exp2_ps(_mm512_sub_ps(lo, m)));
-		phi = _mm512_maskz_mov_ps(first(bk->n - 16), exp2_ps(_mm512_sub_ps(hi, m)));
-		t->l[g] += _mm512_reduce_add_ps(_mm512_add_ps(plo, phi));
-		if (dt == KVA_FP8_E4M3 || dt == KVA_INT8) {
-			plo = _mm512_mul_ps(plo, _mm512_load_ps(vs));
-			phi = _mm512_mul_ps(phi, _mm512_load_ps(vs + 16));
+		m = _mm512_set1_ps(mb);
+		for (int j = 0; j < NV; j++) {
+			/* tokens past the block end are exactly 0 */
+			__m512 p = _mm512_maskz_mov_ps(first(bk->n - 16 * j),
+						       exp2_ps(_mm512_sub_ps(sv[j], m)));
+
+			psum = _mm512_add_ps(psum, p);
+			if (dt == KVA_FP8_E4M3 || dt == KVA_INT8)
+				p = _mm512_mul_ps(p, _mm512_load_ps(vs + 16 * j));
+			_mm512_store_ps(s[g] + 16 * j, p);
 		}
-		_mm512_store_ps(s[g], plo);
-		_mm512_store_ps(s[g] + 16, phi);
+		t->l[g] += _mm512_reduce_add_ps(psum);
 	}
 	accumulate(t, bk, hoff, pf, s, dt, NC);
+}
+
+/* the prefetch steps of one head's turn at a block of n tokens: one a score16, one every 4th V row */
+static int head_steps(int G, int n)
+{
+	int tb = G == 1 ? 16 : G == 2 ? 8 : 4;
+
+	return (n + tb - 1) / tb + (n + 3) / 4;
 }
 
 AI void tile(const struct kva__tile *t, const enum kva_dtype dt, int NC)
 {
 	const int D = NC * 16, H = t->heads;
 	const size_t row_bytes = (size_t)D * kva__esize(dt);
+	const int steps = H * head_steps(t->group, KVA__BLOCK_TOKENS);
 	struct kva__rows rows[AHEAD + 1];
+	struct kva__pf pf;
 	int k = 0;
 
 	for (int g = 0; g < H * t->group; g++) {
@@ -416,24 +417,24 @@ AI void tile(const struct kva__tile *t, const enum kva_dtype dt, int NC)
 	memset(t->acc, 0, sizeof(float) * (size_t)H * t->group * D);
 	for (int a = 0; a < AHEAD; a++) {
 		kva__rows_at(t, t->t0 + a * KVA__BLOCK_TOKENS, &rows[a]);
-		for (int h = 0; h < H; h++) {
-			prefetch(rows[a].k, kva__head_offset(t->kv, h), &rows[a], 0, rows[a].n, row_bytes);
-			prefetch(rows[a].v, kva__head_offset(t->kv, h), &rows[a], 0, rows[a].n, row_bytes);
-		}
+		kva__pf_begin(&pf, t, &rows[a], row_bytes, 1);
+		kva__pf_rows(&pf, -1);
 	}
 
 	for (int32_t tb = t->t0; tb < t->t1; tb += KVA__BLOCK_TOKENS, k++) {
 		const struct kva__rows *bk = &rows[k % (AHEAD + 1)];
-		struct kva__rows *pf = &rows[(k + AHEAD) % (AHEAD + 1)];
+		struct kva__rows *nx = &rows[(k + AHEAD) % (AHEAD + 1)];
 
 		/* n = 0 past the end */
-		kva__rows_at(t, tb + AHEAD * KVA__BLOCK_TOKENS, pf);
+		kva__rows_at(t, tb + AHEAD * KVA__BLOCK_TOKENS, nx);
+		kva__pf_begin(&pf, t, nx, row_bytes, steps);
 		for (int h = 0; h < H; h++) {
 			struct kva__tile th;
 
 			kva__tile_head(t, h, &th);
-			head_block(&th, bk, pf, tb, kva__head_offset(t->kv, h), dt, NC);
+			head_block(&th, bk, &pf, tb, kva__head_offset(t->kv, h), dt, NC);
 		}
+		kva__pf_rows(&pf, -1); /* what the steps left, if the block was short */
 	}
 }
 
