@@ -19,7 +19,8 @@
  * Per configuration, after a warm-up: `trials` trials, each timing `reps`
  * decode calls, then `reps` passes of each read pattern over a buffer of
  * the bytes one call reads; decode and ceiling take turns trial by trial,
- * so a slow spell of a shared machine falls on both. Medians are reported.
+ * so a slow spell of a shared machine falls on both, and so does the
+ * arithmetic roofline's loop. Medians are reported.
  * The naive decode (naive_head) runs on a sample of the (sequence, query
  * head) pairs spread over the batch; its time is scaled to the whole batch
  * by the pair count (all pairs cost the same: equal lengths). Its output is
@@ -51,6 +52,16 @@
  *                      paged layout can hope for (not the ceiling: the
  *                      sweep is the figure a kernel is held to)
  *   ceiling_isa        the reader's instructions (avx512, avx2, scalar)
+ *   roofline_gbps      the arithmetic roofline of the decode's ISA, with
+ *                      `threads` threads, in the same run (bench_roofline.c):
+ *                      bytes a second if memory cost nothing, each stored
+ *                      element converted once and multiplied into `group`
+ *                      accumulators; null on the scalar path
+ *   bound              "memory" when ceiling_gbps is the lower of the two,
+ *                      "compute" when roofline_gbps is; null without a roofline
+ *   bound_gbps         min(ceiling_gbps, roofline_gbps): what the
+ *                      configuration is held to
+ *   bound_ratio        gbps / bound_gbps
  *   cache_resident     bytes < 2 x the last-level cache (sysfs index3):
  *                      the figures then say more about caches than memory;
  *                      null when sysfs does not tell the cache size
@@ -116,6 +127,7 @@
 #include <unistd.h>
 
 #include "bench.h"
+#include "bench_roofline.h"
 #include "decode_math.h"
 #include "kvarena.h"
 
@@ -481,6 +493,7 @@ static uint64_t sample_pair(uint64_t k, uint64_t n, uint64_t total)
 
 struct figures {
 	double ms, gbps, ceiling_gbps, scatter4k_gbps, scatter64k_gbps;
+	double roofline_gbps; /* NaN on the scalar path */
 	double naive_ms, naive_sampled, max_rel_err;
 	double other_cpus;
 	unsigned reps;
@@ -610,9 +623,21 @@ static void measure_naive(const struct config *c, const struct kvcache *kc, stru
 	f->max_rel_err = err;
 }
 
+static enum kva_isa isa_used(enum kva_isa want, uint32_t head_dim);
+
+/* the roofline's share of a trial: as many bytes as the call reads, within bounds */
+static uint64_t roofline_bytes(const struct config *c, const struct batch *b)
+{
+	uint64_t per = b->bytes / c->threads;
+
+	return per < (16u << 20) ? 16u << 20 : per > (256u << 20) ? 256u << 20 : per;
+}
+
 static int measure(const struct config *c, const struct kvcache *kc, struct batch *b,
 		   struct bench_readbw *rb, const struct decode_opts *o, struct figures *f)
 {
+	const enum kva_isa isa = isa_used(o->isa, c->head_dim);
+	double roof[BENCH_MAX_TRIALS];
 	double dec[BENCH_MAX_TRIALS], sweep[BENCH_MAX_TRIALS], s4k[BENCH_MAX_TRIALS],
 		s64k[BENCH_MAX_TRIALS], once, unused;
 	struct cpu_sample c0, c1;
@@ -635,12 +660,19 @@ static int measure(const struct config *c, const struct kvcache *kc, struct batc
 		    (ret = time_read(rb, BENCH_READ_4K, c, b->bytes, f->reps, &s4k[t])) < 0 ||
 		    (ret = time_read(rb, BENCH_READ_64K, c, b->bytes, f->reps, &s64k[t])) < 0)
 			return ret;
+		if (isa != KVA_ISA_SCALAR &&
+		    (ret = bench_roofline(isa, c->dtype, c->group, c->threads,
+					  roofline_bytes(c, b), &roof[t])) < 0) {
+			fprintf(stderr, "decode: roofline: %s\n", strerror(-ret));
+			return ret;
+		}
 	}
 	f->ms = bench_median(dec, o->trials) / 1e6;
 	f->gbps = (double)b->bytes / (f->ms * 1e6);
 	f->ceiling_gbps = (double)b->bytes / bench_median(sweep, o->trials);
 	f->scatter4k_gbps = (double)b->bytes / bench_median(s4k, o->trials);
 	f->scatter64k_gbps = (double)b->bytes / bench_median(s64k, o->trials);
+	f->roofline_gbps = isa == KVA_ISA_SCALAR ? NAN : bench_median(roof, o->trials);
 	/* b->out now holds kvarena's answer, which the naive one is checked against */
 	measure_naive(c, kc, b, o->quick ? 1 : NAIVE_TRIALS, f);
 	cpu_sample(&c1);
@@ -705,6 +737,18 @@ static int print_line(const struct config *c, const struct batch *b, const struc
 	bench_line_num(&l, "scatter4k_gbps", f->scatter4k_gbps, 2);
 	bench_line_num(&l, "scatter64k_gbps", f->scatter64k_gbps, 2);
 	bench_line_str(&l, "ceiling_isa", bench_readbw_isa(rb));
+	bench_line_num(&l, "roofline_gbps", f->roofline_gbps, 2);
+	if (isnan(f->roofline_gbps)) {
+		bench_line_num(&l, "bound", NAN, 0);
+		bench_line_num(&l, "bound_gbps", f->ceiling_gbps, 2);
+		bench_line_num(&l, "bound_ratio", f->gbps / f->ceiling_gbps, 3);
+	} else {
+		double bound = fmin(f->ceiling_gbps, f->roofline_gbps);
+
+		bench_line_str(&l, "bound", f->roofline_gbps < f->ceiling_gbps ? "compute" : "memory");
+		bench_line_num(&l, "bound_gbps", bound, 2);
+		bench_line_num(&l, "bound_ratio", f->gbps / bound, 3);
+	}
 	if (llc)
 		bench_line_bool(&l, "cache_resident", b->bytes < 2 * llc);
 	else
@@ -789,9 +833,11 @@ static int run_geometry(const struct decode_opts *o, const struct config *g,
 					 kva_arena_info(kc.arena)->layout.data_bytes);
 		if (ret == 0) {
 			fprintf(stderr, "decode: %-8s hd %3u b %2u ctx %5u g %u t %u: %9.3f ms "
-				"%6.2f GB/s of %6.2f (%.2f)  naive x%.0f  err %.1e  others %.2f%s\n",
+				"%6.2f GB/s of %6.2f (%.2f), roofline %6.1f  naive x%.0f  err %.1e  "
+				"others %.2f%s\n",
 				kva_dtype_name(c->dtype), c->head_dim, c->batch, c->context, c->group,
 				c->threads, f.ms, f.gbps, f.ceiling_gbps, f.gbps / f.ceiling_gbps,
+				f.roofline_gbps,
 				f.naive_ms / f.ms, f.max_rel_err, f.other_cpus,
 				f.max_rel_err <= MAX_ERR ? "" : "  WRONG");
 			if (!(f.max_rel_err <= MAX_ERR))

@@ -1,0 +1,317 @@
+/* SPDX-License-Identifier: MIT */
+/*
+ * bench_roofline.c - how fast this machine's arithmetic could decode if
+ * memory cost nothing: the arithmetic roofline `kvarena-bench decode`
+ * prints beside the read ceiling, so that a compute-bound configuration is
+ * held to what the instructions allow, and a memory-bound one to memory.
+ *
+ * What a decode must compute per element of the KV cache: K and V alike,
+ * one conversion of the stored element to fp32 and `group` fused
+ * multiply-adds (a score's dot product for each query head of the group,
+ * or an output accumulation for each). The loop here does exactly that and
+ * nothing else, over a buffer of stored elements that stays in L1 (16 KiB),
+ * with the ISA's own conversion (the same instructions as the tiles'),
+ * 8 to 16 independent accumulators (at least an FMA's latency times its
+ * issue width on any x86 core, so that only the issue rate sets the pace)
+ * and the group's query vectors from L1, on `threads` threads of our own.
+ * Past 8 query heads (AVX2) or 15 (AVX-512) the registers run out and an
+ * element is converted again for each 8 or 15, as a kernel's would be.
+ * Per token and head a decode also reduces, exponentiates and rescales,
+ * but that is `group` values against head_dim elements: left out, so that
+ * the roofline is a bound no real kernel can pass.
+ *
+ * Nothing of libkvarena's, like bench_readbw.c: the bound does not move
+ * when the library does.
+ */
+#include <errno.h>
+#include <immintrin.h>
+#include <pthread.h>
+#include <sched.h>
+#include <stdatomic.h>
+#include <stdlib.h>
+#include <string.h>
+#include <time.h>
+
+#include "bench.h"
+#include "bench_roofline.h"
+
+#define BUF_BYTES (16u << 10) /* in L1 on any x86 core */
+#define ACCS 12
+#define MAX_THREADS 64u
+
+#define TARGET_AVX2 __attribute__((target("avx2,fma,f16c")))
+#define TARGET_AVX512 __attribute__((target("avx512f,avx512bw,avx512vl,fma,f16c")))
+
+TARGET_AVX2 static inline __m256 load8(const char *p, enum kva_dtype dt)
+{
+	switch (dt) {
+	case KVA_F16:
+		return _mm256_cvtph_ps(_mm_loadu_si128((const __m128i *)p));
+	case KVA_BF16:
+		return _mm256_castsi256_ps(_mm256_slli_epi32(
+			_mm256_cvtepu16_epi32(_mm_loadu_si128((const __m128i *)p)), 16));
+	case KVA_FP8_E4M3: {
+		__m128i x = _mm_cvtepu8_epi16(_mm_loadl_epi64((const __m128i *)p));
+		__m128i mag = _mm_and_si128(x, _mm_set1_epi16(0x7f));
+		__m128i h = _mm_or_si128(_mm_slli_epi16(mag, 7),
+					 _mm_slli_epi16(_mm_and_si128(x, _mm_set1_epi16(0x80)), 8));
+		__m256 f = _mm256_mul_ps(_mm256_cvtph_ps(h), _mm256_set1_ps(256.0f));
+		__m256 nan = _mm256_castsi256_ps(
+			_mm256_cvtepi16_epi32(_mm_cmpeq_epi16(mag, _mm_set1_epi16(0x7f))));
+
+		return _mm256_blendv_ps(f, _mm256_set1_ps(__builtin_nanf("")), nan);
+	}
+	case KVA_INT8:
+		return _mm256_cvtepi32_ps(_mm256_cvtepi8_epi32(_mm_loadl_epi64((const __m128i *)p)));
+	default:
+		return _mm256_loadu_ps((const float *)p);
+	}
+}
+
+/*
+ * @passes passes over the buffer for heads [0, G), S vectors at a time:
+ * each vector converted once and multiplied into its own G accumulators,
+ * one per query head. The G query vectors, the S x G accumulators and the
+ * vector converted last fit in the registers (an accumulator pushed out to
+ * the stack would chain its FMAs through a store and a load; query vectors
+ * as memory operands would make it two loads an FMA, more than a core
+ * issues), with S x G as close to 12 as that allows, so that FMAs seldom
+ * wait for one another. G, S and the dtype are constants in every
+ * instance. The accumulators go to @sink, so that none of it is dead code.
+ */
+#define PASS_BODY(VEC, LOAD, ZERO, FMA, ADD, STORE, LOADQ)                                       \
+	const size_t step = VEC * kva_dtype_size(dt);                                             \
+	__typeof__(ZERO) a[S * G];                                                                \
+                                                                                                  \
+	for (int k = 0; k < S * G; k++)                                                           \
+		a[k] = ZERO;                                                                      \
+	for (unsigned r = 0; r < passes; r++)                                                     \
+		for (const char *p = buf; p + S * step <= buf + BUF_BYTES; p += S * step)         \
+			_Pragma("GCC unroll 16")                                                  \
+			for (int v = 0; v < S; v++) {                                             \
+				__typeof__(ZERO) x = LOAD(p + v * step, dt);                      \
+                                                                                                  \
+				_Pragma("GCC unroll 16")                                          \
+				for (int g = 0; g < G; g++)                                       \
+					a[v * G + g] = FMA(x, LOADQ(q + VEC * g), a[v * G + g]);  \
+			}                                                                         \
+	for (int k = 1; k < S * G; k++)                                                           \
+		a[0] = ADD(a[0], a[k]);                                                           \
+	STORE(sink, a[0])
+
+#define AI __attribute__((always_inline)) static inline
+
+TARGET_AVX2 AI void pass_avx2_t(const char *buf, const float *q, unsigned passes, float *sink,
+				const enum kva_dtype dt, const int G, const int S)
+{
+	PASS_BODY(8, load8, _mm256_setzero_ps(), _mm256_fmadd_ps, _mm256_add_ps, _mm256_storeu_ps,
+		  _mm256_loadu_ps);
+}
+
+/* 16 ymm registers: S x G + G + 1 <= 16 (past G = 5, fewer than 8 chains) */
+TARGET_AVX2 AI void pass_avx2_g(const char *buf, const float *q, unsigned passes, float *sink,
+				const enum kva_dtype dt, unsigned G)
+{
+	switch (G) {
+	case 1: pass_avx2_t(buf, q, passes, sink, dt, 1, 12); break;
+	case 2: pass_avx2_t(buf, q, passes, sink, dt, 2, 6); break;
+	case 3: pass_avx2_t(buf, q, passes, sink, dt, 3, 4); break;
+	case 4: pass_avx2_t(buf, q, passes, sink, dt, 4, 2); break;
+	case 5: pass_avx2_t(buf, q, passes, sink, dt, 5, 2); break;
+	case 6: pass_avx2_t(buf, q, passes, sink, dt, 6, 1); break;
+	case 7: pass_avx2_t(buf, q, passes, sink, dt, 7, 1); break;
+	default: pass_avx2_t(buf, q, passes, sink, dt, 8, 1); break;
+	}
+}
+
+TARGET_AVX2 __attribute__((noinline)) static void pass_avx2(const char *buf, const float *q,
+							    unsigned G, enum kva_dtype dt,
+							    unsigned passes, float *sink)
+{
+	switch (dt) {
+	case KVA_F16: pass_avx2_g(buf, q, passes, sink, KVA_F16, G); break;
+	case KVA_BF16: pass_avx2_g(buf, q, passes, sink, KVA_BF16, G); break;
+	case KVA_FP8_E4M3: pass_avx2_g(buf, q, passes, sink, KVA_FP8_E4M3, G); break;
+	case KVA_INT8: pass_avx2_g(buf, q, passes, sink, KVA_INT8, G); break;
+	default: pass_avx2_g(buf, q, passes, sink, KVA_F32, G); break;
+	}
+}
+
+TARGET_AVX512 static inline __m512 load16(const char *p, enum kva_dtype dt)
+{
+	switch (dt) {
+	case KVA_F16:
+		return _mm512_cvtph_ps(_mm256_loadu_si256((const __m256i *)p));
+	case KVA_BF16:
+		return _mm512_castsi512_ps(_mm512_slli_epi32(
+			_mm512_cvtepu16_epi32(_mm256_loadu_si256((const __m256i *)p)), 16));
+	case KVA_FP8_E4M3: {
+		__m256i x = _mm256_cvtepu8_epi16(_mm_loadu_si128((const __m128i *)p));
+		__m256i mag = _mm256_and_si256(x, _mm256_set1_epi16(0x7f));
+		__m256i h = _mm256_or_si256(_mm256_slli_epi16(mag, 7),
+					    _mm256_slli_epi16(_mm256_and_si256(x, _mm256_set1_epi16(0x80)), 8));
+		__m512 f = _mm512_mul_ps(_mm512_cvtph_ps(h), _mm512_set1_ps(256.0f));
+		__mmask16 nan = _mm256_cmpeq_epi16_mask(mag, _mm256_set1_epi16(0x7f));
+
+		return _mm512_mask_mov_ps(f, nan, _mm512_set1_ps(__builtin_nanf("")));
+	}
+	case KVA_INT8:
+		return _mm512_cvtepi32_ps(_mm512_cvtepi8_epi32(_mm_loadu_si128((const __m128i *)p)));
+	default:
+		return _mm512_loadu_ps((const float *)p);
+	}
+}
+
+TARGET_AVX512 AI void pass_avx512_t(const char *buf, const float *q, unsigned passes,
+				  float *sink, const enum kva_dtype dt, const int G, const int S)
+{
+	PASS_BODY(16, load16, _mm512_setzero_ps(), _mm512_fmadd_ps, _mm512_add_ps,
+		  _mm512_storeu_ps, _mm512_loadu_ps);
+}
+
+/* 32 zmm registers: S x G + G + 1 <= 32 */
+TARGET_AVX512 AI void pass_avx512_g(const char *buf, const float *q, unsigned passes,
+				    float *sink, const enum kva_dtype dt, unsigned G)
+{
+	switch (G) {
+	case 1: pass_avx512_t(buf, q, passes, sink, dt, 1, 12); break;
+	case 2: pass_avx512_t(buf, q, passes, sink, dt, 2, 6); break;
+	case 3: pass_avx512_t(buf, q, passes, sink, dt, 3, 4); break;
+	case 4: pass_avx512_t(buf, q, passes, sink, dt, 4, 3); break;
+	case 5: pass_avx512_t(buf, q, passes, sink, dt, 5, 3); break;
+	case 6: pass_avx512_t(buf, q, passes, sink, dt, 6, 2); break;
+	case 7: pass_avx512_t(buf, q, passes, sink, dt, 7, 2); break;
+	case 8: pass_avx512_t(buf, q, passes, sink, dt, 8, 2); break;
+	case 9: case 10: case 11: case 12: pass_avx512_t(buf, q, passes, sink, dt, 12, 1); break;
+	default: pass_avx512_t(buf, q, passes, sink, dt, 15, 1); break;
+	}
+}
+
+TARGET_AVX512 __attribute__((noinline)) static void pass_avx512(const char *buf, const float *q,
+								unsigned G, enum kva_dtype dt,
+								unsigned passes, float *sink)
+{
+	switch (dt) {
+	case KVA_F16: pass_avx512_g(buf, q, passes, sink, KVA_F16, G); break;
+	case KVA_BF16: pass_avx512_g(buf, q, passes, sink, KVA_BF16, G); break;
+	case KVA_FP8_E4M3: pass_avx512_g(buf, q, passes, sink, KVA_FP8_E4M3, G); break;
+	case KVA_INT8: pass_avx512_g(buf, q, passes, sink, KVA_INT8, G); break;
+	default: pass_avx512_g(buf, q, passes, sink, KVA_F32, G); break;
+	}
+}
+
+struct job {
+	enum kva_isa isa;
+	enum kva_dtype dt;
+	unsigned group, passes;
+	_Atomic unsigned ready; /* threads with their buffers filled */
+	_Atomic int go;         /* 1: start, -1: give up (a thread could not be made) */
+	float sink[MAX_THREADS][16];
+};
+
+struct worker {
+	struct job *j;
+	unsigned index;
+};
+
+static void run_one(struct job *j, unsigned index)
+{
+	_Alignas(64) char buf[BUF_BYTES];
+	/* on lines of their own: a vector across two lines is two loads */
+	float *q = aligned_alloc(64, sizeof(float) * 16 * (j->group ? j->group : 1));
+	uint64_t x = 0x9e3779b97f4a7c15ull * (index + 1);
+
+	/* finite values in every dtype, none a NaN: halves of 0x38xx (about
+	 * 0.5), bf16 of the same bits (about 2^-15), fp8 bytes below 0x40,
+	 * int8 whatever they are; f32 is filled apart */
+	for (size_t i = 0; i < BUF_BYTES; i += 2) {
+		x ^= x << 13, x ^= x >> 7, x ^= x << 17;
+		buf[i] = (char)(x & 0x3f);
+		buf[i + 1] = (char)(0x38 | (x >> 8 & 1));
+	}
+	if (j->dt == KVA_F32)
+		for (size_t i = 0; i < BUF_BYTES; i += 4)
+			*(float *)(void *)(buf + i) = 1.0f + (float)(i & 0xff) / 256.0f;
+	for (unsigned g = 0; g < 16 * (j->group ? j->group : 1); g++)
+		if (q)
+			q[g] = 1.0f / (float)(g + 1);
+	atomic_fetch_add_explicit(&j->ready, 1, memory_order_relaxed);
+	while (!atomic_load_explicit(&j->go, memory_order_acquire))
+		_mm_pause();
+	if (q && atomic_load_explicit(&j->go, memory_order_relaxed) > 0) {
+		/* a group beyond what the registers hold, in parts that each
+		 * convert the element again, as a kernel would */
+		const unsigned most = j->isa == KVA_ISA_AVX512 ? 15 : 8;
+		const unsigned vec = j->isa == KVA_ISA_AVX512 ? 16 : 8;
+
+		for (unsigned g0 = 0; g0 < j->group; g0 += most) {
+			unsigned n = j->group - g0 < most ? j->group - g0 : most;
+
+			if (j->isa == KVA_ISA_AVX512)
+				pass_avx512(buf, q + vec * g0, n, j->dt, j->passes, j->sink[index]);
+			else
+				pass_avx2(buf, q + vec * g0, n, j->dt, j->passes, j->sink[index]);
+		}
+	}
+	free(q);
+}
+
+static void *worker_main(void *arg)
+{
+	struct worker *w = arg;
+
+	run_one(w->j, w->index);
+	return NULL;
+}
+
+static uint64_t now_ns(void)
+{
+	struct timespec ts;
+
+	clock_gettime(CLOCK_MONOTONIC, &ts);
+	return (uint64_t)ts.tv_sec * 1000000000ull + (uint64_t)ts.tv_nsec;
+}
+
+int bench_roofline(enum kva_isa isa, enum kva_dtype dt, unsigned group, unsigned threads,
+		   uint64_t bytes_per_thread, double *gbps)
+{
+	struct worker w[MAX_THREADS];
+	pthread_t tid[MAX_THREADS];
+	struct job *j;
+	unsigned started = 0;
+	uint64_t t0, t1;
+	int ret = 0;
+
+	if ((isa != KVA_ISA_AVX2 && isa != KVA_ISA_AVX512) || !threads || threads > MAX_THREADS ||
+	    !group || !kva_dtype_size(dt))
+		return -EINVAL;
+	if (!(j = calloc(1, sizeof(*j))))
+		return -ENOMEM;
+	j->isa = isa;
+	j->dt = dt;
+	j->group = group;
+	j->passes = (unsigned)((bytes_per_thread + BUF_BYTES - 1) / BUF_BYTES);
+	if (!j->passes)
+		j->passes = 1;
+	for (; started < threads; started++) {
+		w[started] = (struct worker){ j, started };
+		if ((ret = -pthread_create(&tid[started], NULL, worker_main, &w[started])))
+			break;
+	}
+	/* every thread fills its buffer, then waits for the word: the clock
+	 * starts when they are all there to hear it */
+	while (!ret && atomic_load_explicit(&j->ready, memory_order_relaxed) < threads)
+		sched_yield();
+	atomic_store_explicit(&j->go, ret ? -1 : 1, memory_order_release);
+	t0 = now_ns();
+	for (unsigned i = 0; i < started; i++)
+		pthread_join(tid[i], NULL);
+	t1 = now_ns();
+	if (ret)
+		goto out;
+	/* bytes of stored elements converted and multiplied, by every thread */
+	*gbps = (double)j->passes * BUF_BYTES * threads / (double)(t1 - t0 ? t1 - t0 : 1);
+out:
+	free(j);
+	return ret;
+}
