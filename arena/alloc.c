@@ -70,28 +70,42 @@ static void put_block(struct kva_worker *w, uint32_t id)
 	w->c.ids[w->c.len++] = id;
 }
 
-int kva__worker_check_live(struct kva_worker *w)
+static __attribute__((noinline, cold)) int reclaimed(struct kva_worker *w)
+{
+	return kva__err(-ESTALE, "worker slot %u was reclaimed: this handle is dead", w->slot_id);
+}
+
+/* inline on the uncached paths, where a call is a fair part of the cost */
+static inline int check_live(struct kva_worker *w)
 {
 	/* Only a reclaimer changes our slot word, and only if it decided we are
 	 * dead: then nothing we hold is ours any more. */
 	if (unlikely(atomic_load_explicit(&w->slot->state, memory_order_relaxed) !=
 		     w->slot_word))
-		return kva__err(-ESTALE, "worker slot %u was reclaimed: this handle is dead",
-				w->slot_id);
+		return reclaimed(w);
 	return 0;
 }
 
-/* taking: a new block or reference; refused while the agent is stopping */
-static int check_taking(struct kva_worker *w)
+int kva__worker_check_live(struct kva_worker *w)
 {
-	int ret = kva__worker_check_live(w);
+	return check_live(w);
+}
+
+static __attribute__((noinline, cold)) int stopping(void)
+{
+	return kva__err(-ESHUTDOWN, "the agent is shutting down: free what you hold and detach");
+}
+
+/* taking: a new block or reference; refused while the agent is stopping */
+static inline int check_taking(struct kva_worker *w)
+{
+	int ret = check_live(w);
 
 	if (ret < 0)
 		return ret;
 	if (unlikely(atomic_load_explicit(&w->arena->pool->agent_state, memory_order_relaxed) ==
 		     KVA_AGENT_STOPPING))
-		return kva__err(-ESHUTDOWN, "the agent is shutting down: free what you hold "
-				"and detach");
+		return stopping();
 	return 0;
 }
 
@@ -230,7 +244,7 @@ int kva_free_slow(struct kva_worker *w, const uint32_t *ids, uint32_t n)
 		return -EINVAL;
 	/* A reclaimed worker must not touch holder bits: its slot's next
 	 * worker may hold the same blocks under the same bit. */
-	if ((ret = kva__worker_check_live(w)) < 0)
+	if ((ret = check_live(w)) < 0)
 		return ret;
 	if (n == 1) {
 		uint32_t id = ids[0], held;

@@ -44,7 +44,7 @@ bool kva__block_piece_at(const struct kva_arena_info *info, uint32_t block, uint
 
 int kva__block_copy(struct kva_arena *a, uint32_t to, uint32_t from)
 {
-	struct kva__piece pt, pf;
+	struct kva__piece pt, pf = { 0 }; /* the same geometry: set whenever pt is */
 	int ret;
 
 	for (uint32_t i = 0; kva__block_piece_at(&a->info, to, i, &pt); i++) {

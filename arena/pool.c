@@ -52,7 +52,7 @@ static void summary_clear(struct kva_arena *a, uint32_t i)
  * clears one of these bits sees the FREE descriptors written before it. The
  * l1 part pairs with summary_clear().
  */
-void kva__hint_set(struct kva_arena *a, uint32_t i, uint64_t bits)
+static inline void hint_set(struct kva_arena *a, uint32_t i, uint64_t bits)
 {
 	uint64_t bit = 1ull << (i % 64);
 
@@ -60,6 +60,11 @@ void kva__hint_set(struct kva_arena *a, uint32_t i, uint64_t bits)
 	KVA__CRASH_POINT(KVA__CP_HINT_L0);
 	if (!(atomic_load_explicit(&a->l1[i / 64], memory_order_seq_cst) & bit))
 		atomic_fetch_or_explicit(&a->l1[i / 64], bit, memory_order_seq_cst);
+}
+
+void kva__hint_set(struct kva_arena *a, uint32_t i, uint64_t bits)
+{
+	hint_set(a, i, bits);
 }
 
 /*
@@ -132,7 +137,7 @@ static uint32_t claim_word(struct kva_worker *w, uint32_t i, uint64_t mask, uint
 			back |= 1ull << b;
 	}
 	if (back)
-		kva__hint_set(a, i, back);
+		hint_set(a, i, back);
 	else if (!(old & ~(taken | stale)))
 		summary_clear(a, i);
 	return got;
@@ -265,14 +270,14 @@ void kva__pool_release(struct kva_worker *w, const uint32_t *ids, uint32_t n)
 		KVA__CRASH_POINT(KVA__CP_RELEASE_STORE);
 		if (id / 64 != word) {
 			if (bits)
-				kva__hint_set(a, word, bits);
+				hint_set(a, word, bits);
 			word = id / 64;
 			bits = 0;
 		}
 		bits |= 1ull << (id % 64);
 	}
 	if (bits)
-		kva__hint_set(a, word, bits);
+		hint_set(a, word, bits);
 }
 
 /* kva__pool_release_one - kva__pool_release() of one block. */
@@ -287,5 +292,5 @@ void kva__pool_release_one(struct kva_worker *w, uint32_t id)
 	/* release: as in kva__pool_release() */
 	atomic_store_explicit(&a->desc[id], kva__d_next_free(d), memory_order_release);
 	KVA__CRASH_POINT(KVA__CP_RELEASE_STORE);
-	kva__hint_set(a, id / 64, 1ull << (id % 64));
+	hint_set(a, id / 64, 1ull << (id % 64));
 }
