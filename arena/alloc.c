@@ -136,7 +136,41 @@ static void refill(struct kva_worker *w)
 	}
 }
 
+/* the uncached alloc of one block, when the snapshot has none: the l0
+ * walk, then eviction, then -ENOSPC */
+static __attribute__((noinline)) int alloc_one_walk(struct kva_worker *w, uint32_t *ids)
+{
+	if (!kva__pool_claim_one(w, ids) && !kva__evict(w, 1, ids)) {
+		set_pressure(w, true);
+		return kva__err(-ENOSPC, "alloc of 1 block: none free outside worker caches");
+	}
+	w->c.held[ids[0]] = KVA__HELD_EXCL;
+	return 0;
+}
+
+static __attribute__((noinline)) int alloc_slow(struct kva_worker *w, uint32_t n, uint32_t *ids);
+
+/*
+ * The uncached alloc of one block first, with nothing else in the way:
+ * the checks, a CAS on the candidate our snapshot of l0 names, our held[]
+ * entry. The rest is alloc_slow(), so that this path saves no registers.
+ */
 int kva_alloc_slow(struct kva_worker *w, uint32_t n, uint32_t *ids)
+{
+	int ret;
+
+	if (likely(w && ids && n == 1 && !w->c.cap)) {
+		if (unlikely((ret = check_taking(w)) < 0))
+			return ret;
+		if (!kva__pool_claim_snap(w, ids))
+			return alloc_one_walk(w, ids);
+		w->c.held[ids[0]] = KVA__HELD_EXCL;
+		return 0;
+	}
+	return alloc_slow(w, n, ids);
+}
+
+static int alloc_slow(struct kva_worker *w, uint32_t n, uint32_t *ids)
 {
 	uint32_t from_cache, need, got;
 	int ret;
@@ -147,15 +181,8 @@ int kva_alloc_slow(struct kva_worker *w, uint32_t n, uint32_t *ids)
 		return n ? kva__alloc_inline(w, n, ids) : 0;
 	if ((ret = check_taking(w)) < 0)
 		return ret;
-	if (n == 1 && !w->c.cap) { /* uncached: one claim, nothing to publish */
-		if (!kva__pool_claim_one(w, ids) && !kva__evict(w, 1, ids)) {
-			set_pressure(w, true);
-			return kva__err(-ENOSPC, "alloc of 1 block: none free outside worker "
-					"caches");
-		}
-		w->c.held[ids[0]] = KVA__HELD_EXCL;
-		return 0;
-	}
+	if (n == 1 && !w->c.cap) /* uncached (from kva_alloc_slow, never) */
+		return alloc_one_walk(w, ids);
 	if (n > w->c.blocks) {
 		cache_trim(w, 0);
 		return kva__err(-ENOSPC, "alloc of %u blocks: the arena has %zu", n, w->c.blocks);
@@ -235,7 +262,33 @@ static void free_one(struct kva_worker *w, uint32_t id, uint32_t held)
 	}
 }
 
+static __attribute__((noinline)) int free_slow(struct kva_worker *w, const uint32_t *ids,
+					       uint32_t n);
+
+/*
+ * The uncached free of one block we hold alone first, as kva_alloc_slow()
+ * does: checks, our held[] entry, the release. Anything else (a bad id, a
+ * shared block, a cache, a reclaimed slot) goes to free_slow(), which
+ * checks it all again and says why.
+ */
 int kva_free_slow(struct kva_worker *w, const uint32_t *ids, uint32_t n)
+{
+	if (likely(w && ids && n == 1 && !w->c.cap)) {
+		uint32_t id = ids[0];
+
+		/* A reclaimed worker must not touch holder bits or blocks: its
+		 * slot's next worker may own them under the same tag. */
+		if (likely(id < w->c.blocks && w->c.held[id] == KVA__HELD_EXCL &&
+			   check_live(w) == 0)) {
+			w->c.held[id] = 0;
+			kva__pool_release_one(w, id);
+			return 0;
+		}
+	}
+	return free_slow(w, ids, n);
+}
+
+static int free_slow(struct kva_worker *w, const uint32_t *ids, uint32_t n)
 {
 	uint32_t k;
 	int ret;

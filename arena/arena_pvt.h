@@ -706,6 +706,13 @@ struct kva_worker {
 	uint64_t holder_bit;       /* 1 << slot_id */
 	uint64_t slot_word;        /* our LIVE state word; changes only if reclaimed */
 	uint32_t cursor;           /* the block after our last claim */
+	/* pool.c: l0 word snap_word (at or after the cursor) as we last read
+	 * it, less what we claimed from it since and below the cursor: where
+	 * the uncached claim looks first (a hint, like l0 itself; the
+	 * descriptor's CAS decides). snap_bits 0: none */
+	uint32_t snap_word;
+	uint64_t snap_bits;
+	_Atomic uint64_t *l0;      /* arena->l0 */
 	uint32_t sweep_pos, sweep_left; /* prefix/evict.c: our share of the hand not yet seen */
 	uint64_t *ranks;           /* prefix/evict.c: ranks a threshold is computed from */
 	uint32_t probe;            /* slow allocs until we try a refill under pressure */
@@ -797,9 +804,98 @@ static inline bool kva__slot_holder_gone(uint64_t st, uint64_t start)
 /* pool.c: the free-block pool shared by all workers */
 uint32_t kva__pool_claim(struct kva_worker *w, uint32_t want, uint32_t *ids);
 bool kva__pool_claim_one(struct kva_worker *w, uint32_t *id);
-void kva__pool_release_one(struct kva_worker *w, uint32_t id);
 void kva__pool_release(struct kva_worker *w, const uint32_t *ids, uint32_t n);
 void kva__hint_set(struct kva_arena *a, uint32_t word, uint64_t bits);
+
+/*
+ * What follows is pool.c's too, inline here for the uncached alloc and free
+ * (alloc.c), where a call is a fair part of the cost; pool.c explains the
+ * hint bits and why each order is what it is.
+ */
+
+/* the claim: FREE -> OWNED by us, one CAS (pool.c: claim_word) */
+static inline bool kva__claim_desc(struct kva_worker *w, uint32_t id)
+{
+	uint64_t d = atomic_load_explicit(&w->desc[id], memory_order_relaxed);
+
+	/* acquire: the block's previous owner wrote its data before the
+	 * release store that made it FREE; we read and overwrite after */
+	return kva__d_kind(d) == KVA__D_FREE &&
+	       atomic_compare_exchange_strong_explicit(
+		       &w->desc[id], &d,
+		       kva__d_make(KVA__D_OWNED, kva__d_epoch(d), w->owner_payload),
+		       memory_order_acquire, memory_order_relaxed);
+}
+
+/*
+ * kva__hint_set_inline - kva__hint_set(): mark @bits of l0 word @i "may be
+ * free", after the blocks' descriptors were made FREE. The fetch_or is a
+ * release a claimer's or clearer's RMW on the word acquires; the l1 part
+ * pairs with pool.c's summary_clear() (all seq_cst).
+ */
+static inline void kva__hint_set_inline(struct kva_arena *a, uint32_t i, uint64_t bits)
+{
+	uint64_t bit = 1ull << (i % 64);
+
+	atomic_fetch_or_explicit(&a->l0[i], bits, memory_order_seq_cst);
+	KVA__CRASH_POINT(KVA__CP_HINT_L0);
+	if (!(atomic_load_explicit(&a->l1[i / 64], memory_order_seq_cst) & bit))
+		atomic_fetch_or_explicit(&a->l1[i / 64], bit, memory_order_seq_cst);
+}
+
+void kva__pool_lookahead(struct kva_worker *w, uint32_t i);
+
+/*
+ * kva__pool_claim_snap - the uncached claim's first try: the first bit of
+ * our own snapshot of an l0 word at or after the cursor (w->snap_word,
+ * w->snap_bits), and one CAS. The snapshot is a hint, as l0 is: a stale bit
+ * fails the CAS, and a bit it lacks is found when kva__pool_claim_one()
+ * reads l0 again; the descriptor decides, and the CAS's acquire pairs with
+ * the release store that made the block FREE. When the snapshot runs out,
+ * kva__pool_lookahead() reads the next word l1 points to and asks for its
+ * first candidate's descriptor line, so that the next claim's CAS finds it
+ * on its way. false: ask kva__pool_claim_one().
+ */
+static inline bool kva__pool_claim_snap(struct kva_worker *w, uint32_t *id_out)
+{
+	uint64_t bits = w->snap_bits;
+	uint32_t i = w->snap_word, id;
+
+	if (!bits)
+		return false;
+	id = i * 64 + (uint32_t)__builtin_ctzll(bits);
+	if (unlikely(id >= w->c.blocks) || !kva__claim_desc(w, id)) {
+		w->snap_bits = 0;
+		return false;
+	}
+	KVA__CRASH_POINT(KVA__CP_CLAIM_CAS);
+	w->snap_bits = bits &= bits - 1;
+	w->cursor = id + 1 < w->c.blocks ? id + 1 : 0;
+	*id_out = id;
+	if (!bits)
+		kva__pool_lookahead(w, i);
+	return true;
+}
+
+/*
+ * kva__pool_release_one - give back one block @w owns and nobody holds: its
+ * descriptor FREE (epoch bumped), then its hint bit (pool.c:
+ * kva__pool_release). A descriptor that does not say OWNED by us is left
+ * alone: that can only mean our slot was reclaimed under us.
+ */
+static inline void kva__pool_release_one(struct kva_worker *w, uint32_t id)
+{
+	uint64_t d = atomic_load_explicit(&w->desc[id], memory_order_relaxed);
+
+	if (unlikely((d & ~(KVA__D_EPOCH_MASK << KVA__D_EPOCH_SHIFT)) !=
+		     kva__d_make(KVA__D_OWNED, 0, w->owner_payload)))
+		return;
+	/* release: the block's data written so far happens-before the next
+	 * owner's claim (its acquire CAS) */
+	atomic_store_explicit(&w->desc[id], kva__d_next_free(d), memory_order_release);
+	KVA__CRASH_POINT(KVA__CP_RELEASE_STORE);
+	kva__hint_set_inline(w->arena, id / 64, 1ull << (id % 64));
+}
 
 /* error.c */
 int kva__err(int err, const char *fmt, ...) __attribute__((format(printf, 2, 3)));

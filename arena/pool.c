@@ -52,19 +52,9 @@ static void summary_clear(struct kva_arena *a, uint32_t i)
  * clears one of these bits sees the FREE descriptors written before it. The
  * l1 part pairs with summary_clear().
  */
-static inline void hint_set(struct kva_arena *a, uint32_t i, uint64_t bits)
-{
-	uint64_t bit = 1ull << (i % 64);
-
-	atomic_fetch_or_explicit(&a->l0[i], bits, memory_order_seq_cst);
-	KVA__CRASH_POINT(KVA__CP_HINT_L0);
-	if (!(atomic_load_explicit(&a->l1[i / 64], memory_order_seq_cst) & bit))
-		atomic_fetch_or_explicit(&a->l1[i / 64], bit, memory_order_seq_cst);
-}
-
 void kva__hint_set(struct kva_arena *a, uint32_t i, uint64_t bits)
 {
-	hint_set(a, i, bits);
+	kva__hint_set_inline(a, i, bits);
 }
 
 /*
@@ -137,7 +127,7 @@ static uint32_t claim_word(struct kva_worker *w, uint32_t i, uint64_t mask, uint
 			back |= 1ull << b;
 	}
 	if (back)
-		hint_set(a, i, back);
+		kva__hint_set_inline(a, i, back);
 	else if (!(old & ~(taken | stale)))
 		summary_clear(a, i);
 	return got;
@@ -155,6 +145,8 @@ uint32_t kva__pool_claim(struct kva_worker *w, uint32_t want, uint32_t *ids)
 	struct kva_arena *a = w->arena;
 	uint32_t i0 = w->cursor / 64, b0 = w->cursor % 64, j0 = i0 / 64;
 	uint32_t got;
+
+	w->snap_bits = 0; /* the cursor moves on: the snapshot may fall behind it */
 
 	/* the cursor's own word: from the cursor up now, below it at the end */
 	got = claim_word(w, i0, ~0ull << b0, want, ids);
@@ -203,8 +195,15 @@ static inline uint32_t next_word(struct kva_arena *a, uint32_t i)
  * kva__pool_claim_one - claim one block: the first free one after the
  * cursor, in the cursor's word or the next few words l1 points to; else the
  * full walk of kva__pool_claim(), which also clears stale bits. The common
- * case of an uncached alloc: a load or two and a CAS; the claimed block's
- * hint bit is left for the next visitor to clear.
+ * case of an uncached alloc: a CAS, with the candidate taken from our own
+ * snapshot of the cursor's l0 word (a load of l0 the first time in each
+ * word); the claimed block's hint bit is left for the next visitor to clear.
+ *
+ * The snapshot may be older than l0: a bit it has may be stale (the CAS
+ * finds the descriptor taken, and we look again in l0 itself), and a bit it
+ * lacks is found when the snapshot runs out and l0 is read again. Nothing
+ * depends on its being current: the descriptor decides, and the CAS's
+ * acquire pairs with the release store that made the block FREE.
  */
 bool kva__pool_claim_one(struct kva_worker *w, uint32_t *id_out)
 {
@@ -212,35 +211,57 @@ bool kva__pool_claim_one(struct kva_worker *w, uint32_t *id_out)
 	uint32_t i = w->cursor / 64;
 	uint64_t mask = ~0ull << (w->cursor % 64);
 
+	if (kva__pool_claim_snap(w, id_out))
+		return true;
 	for (int words = 0; words < 4 && i != UINT32_MAX; words++, mask = ~0ull) {
 		/* acquire: pairs with kva__hint_set()'s fetch_or, as in claim_word() */
-		uint64_t word = atomic_load_explicit(&a->l0[i], memory_order_acquire);
+		uint64_t word = atomic_load_explicit(&w->l0[i], memory_order_acquire);
 		uint64_t bits = word & mask;
 
 		if (!word)
 			summary_clear(a, i); /* l1 pointed at an empty word */
 		if (bits) {
 			uint32_t id = i * 64 + (uint32_t)__builtin_ctzll(bits);
-			uint64_t d;
 
-			if (unlikely(id >= a->blocks))
-				break;
-			d = atomic_load_explicit(&w->desc[id], memory_order_relaxed);
-			/* the claim, as in claim_word() */
-			if (kva__d_kind(d) != KVA__D_FREE ||
-			    !atomic_compare_exchange_strong_explicit(
-				    &w->desc[id], &d,
-				    kva__d_make(KVA__D_OWNED, kva__d_epoch(d), w->owner_payload),
-				    memory_order_acquire, memory_order_relaxed))
+			if (unlikely(id >= a->blocks) || !kva__claim_desc(w, id))
 				break; /* a stale bit: the walk clears it */
 			KVA__CRASH_POINT(KVA__CP_CLAIM_CAS);
 			w->cursor = id + 1 < a->blocks ? id + 1 : 0;
 			*id_out = id;
+			if ((w->snap_bits = bits & (bits - 1)))
+				w->snap_word = i;
+			else
+				kva__pool_lookahead(w, i);
 			return true;
 		}
 		i = next_word(a, i);
 	}
 	return kva__pool_claim(w, 1, id_out) == 1;
+}
+
+/*
+ * kva__pool_lookahead - the snapshot of word @i ran out: take one of the
+ * next word l1 points to (within the next l1 word; none past the end, where
+ * the cursor wraps), and ask for its first candidate's descriptor line, for
+ * writing. Loads and a prefetch, none waited for: the next claim, not this
+ * one, uses them.
+ */
+void kva__pool_lookahead(struct kva_worker *w, uint32_t i)
+{
+	struct kva_arena *a = w->arena;
+	uint32_t n = next_word(a, i);
+	uint64_t word;
+
+	w->snap_bits = 0;
+	if (n == UINT32_MAX)
+		return;
+	/* acquire: as in claim_word() */
+	word = atomic_load_explicit(&w->l0[n], memory_order_acquire);
+	if (!word)
+		return;
+	w->snap_word = n;
+	w->snap_bits = word;
+	__builtin_prefetch(&w->desc[n * 64 + (uint32_t)__builtin_ctzll(word)], 1, 3);
 }
 
 /*
@@ -270,27 +291,12 @@ void kva__pool_release(struct kva_worker *w, const uint32_t *ids, uint32_t n)
 		KVA__CRASH_POINT(KVA__CP_RELEASE_STORE);
 		if (id / 64 != word) {
 			if (bits)
-				hint_set(a, word, bits);
+				kva__hint_set_inline(a, word, bits);
 			word = id / 64;
 			bits = 0;
 		}
 		bits |= 1ull << (id % 64);
 	}
 	if (bits)
-		hint_set(a, word, bits);
-}
-
-/* kva__pool_release_one - kva__pool_release() of one block. */
-void kva__pool_release_one(struct kva_worker *w, uint32_t id)
-{
-	struct kva_arena *a = w->arena;
-	uint64_t d = atomic_load_explicit(&a->desc[id], memory_order_relaxed);
-
-	if (unlikely((d & ~(KVA__D_EPOCH_MASK << KVA__D_EPOCH_SHIFT)) !=
-		     kva__d_make(KVA__D_OWNED, 0, w->owner_payload)))
-		return;
-	/* release: as in kva__pool_release() */
-	atomic_store_explicit(&a->desc[id], kva__d_next_free(d), memory_order_release);
-	KVA__CRASH_POINT(KVA__CP_RELEASE_STORE);
-	hint_set(a, id / 64, 1ull << (id % 64));
+		kva__hint_set_inline(a, word, bits);
 }

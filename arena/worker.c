@@ -107,6 +107,8 @@ static int worker_make(struct kva_arena *a, uint32_t id, uint32_t gen, const cha
 		goto fail;
 	w->arena = a;
 	w->desc = a->desc;
+	w->l0 = a->l0;
+	w->snap_word = UINT32_MAX;
 	w->doorbell = -1;
 	w->c.blocks = a->blocks;
 	if ((ret = kva__cache_resize(w, a->hdr.cache_blocks)) < 0)
