@@ -348,7 +348,7 @@ int bench_gpu_no_device(const char *bench, const char *status, const char *why);
 /* ----------------------------------------- bench_dpdk.c: the DPDK peer */
 
 #define BENCH_DPDK_MAX_OCC 2u
-#define BENCH_DPDK_MAX_RUNS 4u
+#define BENCH_DPDK_MAX_RUNS 6u
 
 /* What to measure with rte_mempool: each run at each occupancy. */
 struct bench_dpdk_request {
@@ -361,6 +361,8 @@ struct bench_dpdk_request {
 	struct {
 		uint32_t cache;  /* per-lcore cache size, 0 = none */
 		bool bulk;       /* one call for all @keep objects */
+		unsigned procs;  /* processes sharing the pool (0 or 1: this one);
+				  * more are forked, each with its own cache */
 	} run[BENCH_DPDK_MAX_RUNS];
 };
 

@@ -13,7 +13,10 @@
  *   separate2[_uncached]  two processes, an arena each: the same work with
  *                         nothing shared, the machine's own two-process figure
  *   mutex_baseline[_contended2]  the seeds' design (struct mutex_pool below)
- *   dpdk_*                rte_mempool, cache 256 / none (bench_dpdk.c)
+ *   dpdk_*                rte_mempool, cache 256 / none (bench_dpdk.c);
+ *                         dpdk_contended2[_uncached]: two processes on one
+ *                         pool (forked, the EAL's memory is shared), each
+ *                         with its own cache
  *   reclaim               kva_arena_reclaim() after SIGKILL (victim_run below)
  *
  * The arena: 16 tokens x 1 layer x 1 head x 64 x f16 blocks. Before
@@ -36,8 +39,9 @@
  *                   that lets one process run and starves the other is
  *                   judged by what the two get done together)
  *   ops_per_s       get+put pairs per second, summed over the processes
- *   ratio_vs_dpdk   pair_ns / DPDK rte_mempool pair_ns, same cache setting
- *                   and call shape; null when DPDK could not be measured
+ *   ratio_vs_dpdk   pair_ns / DPDK rte_mempool pair_ns, same cache setting,
+ *                   call shape and processes; null when DPDK could not be
+ *                   measured
  *   ratio_vs_single ops_per_s / ops_per_s of one process, same cache setting
  *   ratio_vs_mutex  pair_ns of the mutex free list with two processes /
  *                   pair_ns here (both two processes)
@@ -82,6 +86,8 @@ enum mode_id {
 	DPDK_CACHED_BULK,
 	DPDK_UNCACHED,
 	DPDK_UNCACHED_BULK,
+	DPDK_CONTENDED2,
+	DPDK_CONTENDED2_UNCACHED,
 	MUTEX,
 	MUTEX_CONTENDED2,
 	CACHED,
@@ -114,6 +120,10 @@ static const struct mode {
 	[DPDK_UNCACHED] = { .name = "dpdk_uncached", .kind = KIND_DPDK, .procs = 1 },
 	[DPDK_UNCACHED_BULK] = { .name = "dpdk_uncached_bulk", .kind = KIND_DPDK, .bulk = true,
 				 .procs = 1 },
+	[DPDK_CONTENDED2] = { .name = "dpdk_contended2", .kind = KIND_DPDK, .cache = 256,
+			      .procs = 2 },
+	[DPDK_CONTENDED2_UNCACHED] = { .name = "dpdk_contended2_uncached", .kind = KIND_DPDK,
+				       .procs = 2 },
 	[MUTEX] = { .name = "mutex_baseline", .kind = KIND_MUTEX, .procs = 1 },
 	[MUTEX_CONTENDED2] = { .name = "mutex_baseline_contended2", .kind = KIND_MUTEX,
 			       .procs = 2 },
@@ -130,10 +140,11 @@ static const struct mode {
 	[SEPARATE2_UNCACHED] = { .name = "separate2_uncached", .kind = KIND_KVARENA,
 				 .separate = true, .procs = 2, .vs_single = UNCACHED },
 	[CONTENDED2] = { .name = "contended2", .kind = KIND_KVARENA, .cache = 256, .procs = 2,
-			 .vs_single = CACHED, .vs_mutex = MUTEX_CONTENDED2,
+			 .vs_dpdk = DPDK_CONTENDED2, .vs_single = CACHED, .vs_mutex = MUTEX_CONTENDED2,
 			 .vs_separate = SEPARATE2 },
 	[CONTENDED2_UNCACHED] = { .name = "contended2_uncached", .kind = KIND_KVARENA, .procs = 2,
-				  .vs_single = UNCACHED, .vs_mutex = MUTEX_CONTENDED2,
+				  .vs_dpdk = DPDK_CONTENDED2_UNCACHED, .vs_single = UNCACHED,
+				  .vs_mutex = MUTEX_CONTENDED2,
 				  .vs_separate = SEPARATE2_UNCACHED },
 	[RECLAIM] = { .name = "reclaim", .kind = KIND_RECLAIM, .procs = 1 },
 };
@@ -494,12 +505,13 @@ static int dpdk_peer(const struct alloc_opts *o, struct group *groups)
 	enum mode_id run_mode[BENCH_DPDK_MAX_RUNS];
 
 	memcpy(req.occupancy, o->occupancy, sizeof(req.occupancy));
-	for (enum mode_id m = DPDK_CACHED; m <= DPDK_UNCACHED_BULK; m++) {
+	for (enum mode_id m = DPDK_CACHED; m <= DPDK_CONTENDED2_UNCACHED; m++) {
 		if (!o->measured[m])
 			continue;
 		run_mode[req.runs] = m;
 		req.run[req.runs].cache = modes[m].cache;
 		req.run[req.runs].bulk = modes[m].bulk;
+		req.run[req.runs].procs = modes[m].procs;
 		req.runs++;
 	}
 	if (!req.runs)

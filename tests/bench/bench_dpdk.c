@@ -6,9 +6,12 @@
  */
 #include <errno.h>
 #include <math.h>
+#include <sched.h>
+#include <stdint.h>
 #include <stdio.h>
 #include <stdlib.h>
 #include <string.h>
+#include <unistd.h>
 
 #include <rte_eal.h>
 #include <rte_errno.h>
@@ -22,6 +25,9 @@ struct mp_ctx {
 	uint32_t keep;
 	bool bulk;
 	void **objs;
+	/* several processes: each its own cache (NULL: none), as lcores have */
+	unsigned procs;
+	struct rte_mempool_cache *caches[BENCH_MAX_PROCS], *cache;
 };
 
 static inline __attribute__((always_inline)) int
@@ -42,27 +48,69 @@ mp_put(void *ctx, uint32_t at, uint32_t n)
 	return 0;
 }
 
+/* the same with the process's own cache, passed: forked processes share an lcore id */
+static inline __attribute__((always_inline)) int
+mp_get_own(void *ctx, uint32_t at, uint32_t n)
+{
+	struct mp_ctx *c = ctx;
+
+	return rte_mempool_generic_get(c->mp, c->objs + at, n, c->cache);
+}
+
+static inline __attribute__((always_inline)) int
+mp_put_own(void *ctx, uint32_t at, uint32_t n)
+{
+	struct mp_ctx *c = ctx;
+
+	rte_mempool_generic_put(c->mp, c->objs + at, n, c->cache);
+	return 0;
+}
+
 static int mp_trial(void *ctx, uint64_t start_ns, uint64_t end_ns, struct bench_result *r)
 {
 	struct mp_ctx *c = ctx;
 
 	/* two call sites, so that each copy of the loop has a constant step */
+	if (c->procs > 1)
+		return bench_loop(c, c->keep, 1, mp_get_own, mp_put_own, start_ns, end_ns, r);
 	if (c->bulk)
 		return bench_loop(c, c->keep, c->keep, mp_get, mp_put, start_ns, end_ns, r);
 	return bench_loop(c, c->keep, 1, mp_get, mp_put, start_ns, end_ns, r);
 }
 
-/* The context is made by measure_pool(), in this process: nothing to open. */
+/*
+ * The context is made by measure_pool(), in this process: nothing to open.
+ * Several processes are forked from this one (bench_measure) and share the
+ * pool, whose memory the EAL maps shared (a memfd, under --no-huge; checked
+ * by shared_memory()). The EAL pinned this process to one CPU: each child
+ * is let run anywhere again, as kvarena's processes are.
+ */
 static int mp_open(void *arg, unsigned proc, void **ctx)
 {
-	(void)proc;
-	*ctx = arg;
+	struct mp_ctx *c = arg;
+
+	if (c->procs > 1) {
+		long n = sysconf(_SC_NPROCESSORS_ONLN);
+		cpu_set_t all;
+
+		CPU_ZERO(&all);
+		for (long k = 0; k < n && k < CPU_SETSIZE; k++)
+			CPU_SET((int)k, &all);
+		if (sched_setaffinity(0, sizeof(all), &all) < 0)
+			return -errno;
+		c->cache = c->caches[proc]; /* our copy of the context (fork) */
+	}
+	*ctx = c;
 	return 0;
 }
 
 static void mp_close(void *ctx)
 {
-	(void)ctx;
+	struct mp_ctx *c = ctx;
+
+	/* a child's cache goes back to the pool before the child does */
+	if (c->cache)
+		rte_mempool_cache_flush(c->cache, c->mp);
 }
 
 static int eal_init(void)
@@ -81,6 +129,26 @@ static int eal_init(void)
 		return -err;
 	}
 	return 0;
+}
+
+/* whether the page at @p is mapped shared: forked processes then see one pool */
+static bool shared_memory(const void *p)
+{
+	FILE *f = fopen("/proc/self/maps", "r");
+	char line[512], perms[8];
+	unsigned long from, to;
+	bool shared = false;
+
+	if (!f)
+		return false;
+	while (fgets(line, sizeof(line), f))
+		if (sscanf(line, "%lx-%lx %7s", &from, &to, perms) == 3 &&
+		    (uintptr_t)p >= from && (uintptr_t)p < to) {
+			shared = perms[3] == 's';
+			break;
+		}
+	fclose(f);
+	return shared;
 }
 
 /*
@@ -119,17 +187,35 @@ static int measure_pool(const struct bench_dpdk_request *req, uint32_t cache, un
 	rep->occupancy[oi] = (double)rte_mempool_in_use_count(mp) / req->objects;
 
 	for (unsigned r = 0; r < req->runs; r++) {
+		unsigned procs = req->run[r].procs ? req->run[r].procs : 1;
 		struct mp_ctx c = { .mp = mp, .keep = req->keep, .bulk = req->run[r].bulk,
-				    .objs = objs };
+				    .objs = objs, .procs = procs };
 		struct bench_subject s = { "rte_mempool", &c, mp_open, mp_trial, mp_close };
-		char name[32];
+		char name[48];
 
 		if (req->run[r].cache != cache)
 			continue;
-		if ((ret = bench_measure(&s, &req->plan, 1, &rep->fig[oi][r])) < 0)
+		if (procs > 1 && !shared_memory(mp)) {
+			fprintf(stderr, "alloc: DPDK: the mempool is not in shared memory: no "
+				"figure for %u processes\n", procs);
+			rep->fig[oi][r].pair_ns = rep->fig[oi][r].ops_per_s = NAN;
+			continue;
+		}
+		for (unsigned k = 0; procs > 1 && cache && k < procs; k++)
+			if (!(c.caches[k] = rte_mempool_cache_create(cache, SOCKET_ID_ANY))) {
+				ret = -(rte_errno ? rte_errno : ENOMEM);
+				fprintf(stderr, "alloc: DPDK rte_mempool_cache_create: %s\n",
+					rte_strerror(-ret));
+			}
+		if (ret == 0)
+			ret = bench_measure(&s, &req->plan, procs, &rep->fig[oi][r]);
+		for (unsigned k = 0; k < procs; k++)
+			if (c.caches[k])
+				rte_mempool_cache_free(c.caches[k]); /* flushed by its child */
+		if (ret < 0)
 			goto out;
-		snprintf(name, sizeof(name), "rte_mempool cache %u%s", cache,
-			 req->run[r].bulk ? " bulk" : "");
+		snprintf(name, sizeof(name), "rte_mempool cache %u%s%s", cache,
+			 req->run[r].bulk ? " bulk" : "", procs > 1 ? ", 2 processes" : "");
 		fprintf(stderr, "alloc: %-26s occupancy %.2f  %8.3f ns/pair (trials %.3f..%.3f)\n",
 			name, rep->occupancy[oi], rep->fig[oi][r].pair_ns,
 			rep->fig[oi][r].pair_ns_min, rep->fig[oi][r].pair_ns_max);
