@@ -218,16 +218,17 @@ static void run_q(void *ctx, uint32_t b)
 		p->qf[base + i] = load_q(p->q, p->q_dtype, base + i) * p->q_scale;
 }
 
-static void run_tile(void *ctx, uint32_t tile)
+/* tile @tile of the plan; false if its sequence is empty */
+static bool tile_at(const struct plan *p, uint32_t tile, struct kva__tile *t)
 {
-	const struct plan *p = ctx;
 	const struct kva_page_table *pt = p->pt;
 	int32_t b = tile_seq(p, tile), local = (int32_t)(tile - p->tile0[b]);
 	int32_t s = local / p->spans, h0 = local % p->spans * p->span;
 	int32_t len = kva_seq_len(pt->indptr, pt->last_page_len, b, pt->page_size);
 	int32_t heads = p->kv->num_kv_heads - h0 < p->span ? p->kv->num_kv_heads - h0 : p->span;
 	float *part = p->part + (size_t)tile * p->part_stride;
-	struct kva__tile t = {
+
+	*t = (struct kva__tile){
 		.kv = p->kv,
 		.pages = pt->indices + pt->indptr[b],
 		.t0 = s * p->split_len[b],
@@ -240,16 +241,32 @@ static void run_tile(void *ctx, uint32_t tile)
 		.l = part + (size_t)p->span * p->group,
 		.acc = part + 2 * (size_t)p->span * p->group,
 	};
+	return t->t0 < t->t1;
+}
 
-	if (t.t0 < t.t1) {
+/*
+ * One tile, told the next this thread runs: a tile starts on pages nobody
+ * asked for yet, which it would wait for while it computes its first block
+ * (a tenth of a 512-token split); so each tile prefetches its successor's
+ * first block while it computes its own last one.
+ */
+static void run_tile(void *ctx, uint32_t tile, uint32_t next, bool warm)
+{
+	const struct plan *p = ctx;
+	struct kva__tile t, n;
+
+	if (tile_at(p, tile, &t)) {
+		t.warm = warm;
+		if (next != UINT32_MAX && tile_at(p, next, &n))
+			t.next = &n;
 		p->tile(&t);
 		return;
 	}
-	for (int32_t g = 0; g < heads * p->group; g++) { /* an empty sequence */
+	for (int32_t g = 0; g < t.heads * p->group; g++) { /* an empty sequence */
 		t.m[g] = -INFINITY;
 		t.l[g] = 0.0f;
 	}
-	memset(t.acc, 0, sizeof(float) * (size_t)heads * p->group * p->head_dim);
+	memset(t.acc, 0, sizeof(float) * (size_t)t.heads * p->group * p->head_dim);
 }
 
 static void run_merge(void *ctx, uint32_t task)
@@ -406,7 +423,7 @@ int kva_decode(const struct kva_kv_desc *kv, const struct kva_page_table *pt, co
 	p.part = (float *)(buf + meta + qbytes);
 
 	kva__parallel(threads, (uint32_t)pt->batch, run_q, &p);
-	kva__parallel(threads, p.tiles, run_tile, &p);
+	kva__parallel_ahead(threads, p.tiles, run_tile, &p);
 	kva__parallel(threads, (uint32_t)pt->batch * (uint32_t)num_q_heads, run_merge, &p);
 	return 0;
 }

@@ -41,6 +41,11 @@ struct kva__tile {
 	const float *q;        /* [heads][group][head_dim]: q * sm_scale * log2(e), fp32 */
 	float *acc;            /* [heads][group][head_dim] out */
 	float *m, *l;          /* [heads][group] out */
+	/* the tile this thread runs next (NULL: none), whose first block the
+	 * vector tiles prefetch while they compute their own last one; and
+	 * whether this tile's first block was prefetched so (by the tile before) */
+	const struct kva__tile *next;
+	bool warm;
 };
 
 /* The tile as its @i-th head sees it: a span of one. */
@@ -228,6 +233,15 @@ int kva__decode_args_check(const struct kva_kv_desc *kv, const struct kva_page_t
  * changes what it computes.
  */
 int kva__parallel(int threads, uint32_t n, void (*fn)(void *ctx, uint32_t task), void *ctx);
+/*
+ * kva__parallel_ahead - the same, each thread claiming its next task before
+ * it runs this one: fn(ctx, task, next, warm), @next its next task
+ * (UINT32_MAX: none), @warm false for the first task a thread runs and true
+ * for every one it was told of as @next. Costs balance only at the very end
+ * (a thread holds one task more than it runs).
+ */
+int kva__parallel_ahead(int threads, uint32_t n,
+			void (*fn)(void *ctx, uint32_t task, uint32_t next, bool warm), void *ctx);
 
 /* isa.c */
 bool kva__isa_supported(enum kva_isa isa);

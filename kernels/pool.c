@@ -25,6 +25,7 @@
 
 struct job {
 	void (*fn)(void *ctx, uint32_t task);
+	void (*ahead)(void *ctx, uint32_t task, uint32_t next, bool warm); /* or this */
 	void *ctx;
 	uint32_t n;
 	int wanted;                /* workers asked to help (the caller is one more) */
@@ -56,8 +57,19 @@ static void run(struct job *j)
 
 	/* relaxed: the job's fields were published under the pool lock, and
 	 * tasks write disjoint results the caller reads after the lock again */
-	while ((t = atomic_fetch_add_explicit(&j->next, 1, memory_order_relaxed)) < j->n)
-		j->fn(j->ctx, t);
+	if (!j->ahead) {
+		while ((t = atomic_fetch_add_explicit(&j->next, 1, memory_order_relaxed)) < j->n)
+			j->fn(j->ctx, t);
+		return;
+	}
+	/* kva__parallel_ahead: the next task claimed before this one runs */
+	t = atomic_fetch_add_explicit(&j->next, 1, memory_order_relaxed);
+	for (bool warm = false; t < j->n; warm = true) {
+		uint32_t u = atomic_fetch_add_explicit(&j->next, 1, memory_order_relaxed);
+
+		j->ahead(j->ctx, t, u < j->n ? u : UINT32_MAX, warm);
+		t = u;
+	}
 }
 
 static void *helper_main(void *arg)
@@ -145,14 +157,18 @@ static void grow(struct pool *p, int want)
 	}
 }
 
-int kva__parallel(int threads, uint32_t n, void (*fn)(void *ctx, uint32_t task), void *ctx)
+static int parallel(int threads, struct job *jp)
 {
-	struct job j = { .fn = fn, .ctx = ctx, .n = n };
+	struct job j = *jp;
 	struct pool *p;
+	uint32_t n = j.n;
 
 	if (threads <= 1 || n <= 1 || !(p = get_pool())) {
 		for (uint32_t t = 0; t < n; t++)
-			fn(ctx, t);
+			if (j.ahead)
+				j.ahead(j.ctx, t, t + 1 < n ? t + 1 : UINT32_MAX, t > 0);
+			else
+				j.fn(j.ctx, t);
 		return 0;
 	}
 	pthread_mutex_lock(&p->lock);
@@ -177,6 +193,21 @@ int kva__parallel(int threads, uint32_t n, void (*fn)(void *ctx, uint32_t task),
 	pthread_cond_broadcast(&p->done); /* for callers queued behind us */
 	pthread_mutex_unlock(&p->lock);
 	return 0;
+}
+
+int kva__parallel(int threads, uint32_t n, void (*fn)(void *ctx, uint32_t task), void *ctx)
+{
+	struct job j = { .fn = fn, .ctx = ctx, .n = n };
+
+	return parallel(threads, &j);
+}
+
+int kva__parallel_ahead(int threads, uint32_t n,
+			void (*fn)(void *ctx, uint32_t task, uint32_t next, bool warm), void *ctx)
+{
+	struct job j = { .ahead = fn, .ctx = ctx, .n = n };
+
+	return parallel(threads, &j);
 }
 
 int kva_kernel_threads(void)

@@ -464,7 +464,7 @@ AI void tile(const struct kva__tile *t, const enum kva_dtype dt, int NC)
 	const int D = NC * 8, H = t->heads;
 	const size_t row_bytes = (size_t)D * kva__esize(dt);
 	const int steps = H * head_steps(t->group, NC, KVA__BLOCK_TOKENS);
-	struct kva__rows rows[AHEAD + 1];
+	struct kva__rows rows[AHEAD + 1], after;
 	struct kva__pf pf;
 	int k = 0;
 
@@ -475,6 +475,8 @@ AI void tile(const struct kva__tile *t, const enum kva_dtype dt, int NC)
 	memset(t->acc, 0, sizeof(float) * (size_t)H * t->group * D);
 	for (int a = 0; a < AHEAD; a++) {
 		kva__rows_at(t, t->t0 + a * KVA__BLOCK_TOKENS, &rows[a]);
+		if (t->warm)
+			continue; /* the tile before asked for these */
 		kva__pf_begin(&pf, t, &rows[a], row_bytes, 1);
 		kva__pf_rows(&pf, -1);
 	}
@@ -483,9 +485,14 @@ AI void tile(const struct kva__tile *t, const enum kva_dtype dt, int NC)
 		const struct kva__rows *bk = &rows[k % (AHEAD + 1)];
 		struct kva__rows *nx = &rows[(k + AHEAD) % (AHEAD + 1)];
 
-		/* n = 0 past the end */
+		/* n = 0 past the end, where the next tile's first block goes */
 		kva__rows_at(t, tb + AHEAD * KVA__BLOCK_TOKENS, nx);
-		kva__pf_begin(&pf, t, nx, row_bytes, steps);
+		if (!nx->n && t->next && tb + (AHEAD - 1) * KVA__BLOCK_TOKENS < t->t1) {
+			kva__rows_at(t->next, t->next->t0, &after);
+			kva__pf_begin(&pf, t->next, &after, row_bytes, steps);
+		} else {
+			kva__pf_begin(&pf, t, nx, row_bytes, steps);
+		}
 		for (int h = 0; h < H; h++) {
 			struct kva__tile th;
 
