@@ -35,6 +35,9 @@
  */
 #define AHEAD 1
 
+/* tokens of a part between prefetch steps: a step about as long as a score step */
+#define ACC_STEP 16
+
 /* 8 elements of a K or V row, as fp32 (without the row's scale) */
 AI __m256 load8(const void *p, const enum kva_dtype dt)
 {
@@ -247,7 +250,7 @@ AI void score_heads(const struct kva__tile *t, const struct kva__rows *bk,
  * two broadcasts, the V chunks loaded again for each pair.
  */
 AI void accumulate_body(const struct kva__tile *t, const struct kva__rows *bk, size_t hoff,
-			float s[][ROW], int g0, int c0, const enum kva_dtype dt,
+			struct kva__pf *pf, float s[][ROW], int g0, int c0, const enum kva_dtype dt,
 			int NC, const int CG, const int ng, const int nc)
 {
 	const int D = NC * 8;
@@ -267,32 +270,38 @@ AI void accumulate_body(const struct kva__tile *t, const struct kva__rows *bk, s
 	const float *sp = &s[g0][0];
 	const size_t off = hoff + (size_t)c0 * 8 * esize;
 
-	for (; vp < vend; vp++, sp++) {
-		const char *row = *vp + off;
+	/* a prefetch step every ACC_STEP tokens: the next block's lines spread
+	 * over the output loop as over the scores */
+	for (const char *const *cend; vp < vend;) {
+		kva__pf_step(pf);
+		cend = vend - vp > ACC_STEP ? vp + ACC_STEP : vend;
+		for (; vp < cend; vp++, sp++) {
+			const char *row = *vp + off;
 
-		for (int gp = 0; gp < ng; gp += 2) {
-			const char *rr = row;
-			const float *pq = sp;
-			__m256 b0, b1;
+			for (int gp = 0; gp < ng; gp += 2) {
+				const char *rr = row;
+				const float *pq = sp;
+				__m256 b0, b1;
 
-			/*
-			 * The chunks at displacements from one register, and
-			 * loaded again for each pair: without the barrier the
-			 * compiler keeps them from the first pair, runs out of
-			 * registers and spills an accumulator, whose FMA chain
-			 * then goes through memory. The same for p, whose rows
-			 * it would otherwise address with a register each.
-			 */
-			__asm__ volatile("" : "+r"(rr), "+r"(pq));
-			b0 = _mm256_broadcast_ss(pq + gp * ROW);
-			b1 = gp + 1 < ng ? _mm256_broadcast_ss(pq + (gp + 1) * ROW) : b0;
-			for (int cc = 0; cc < nc; cc++) {
-				__m256 vc = load8(rr + (size_t)cc * 8 * esize, dt);
+				/*
+				 * The chunks at displacements from one register, and
+				 * loaded again for each pair: without the barrier the
+				 * compiler keeps them from the first pair, runs out of
+				 * registers and spills an accumulator, whose FMA chain
+				 * then goes through memory. The same for p, whose rows
+				 * it would otherwise address with a register each.
+				 */
+				__asm__ volatile("" : "+r"(rr), "+r"(pq));
+				b0 = _mm256_broadcast_ss(pq + gp * ROW);
+				b1 = gp + 1 < ng ? _mm256_broadcast_ss(pq + (gp + 1) * ROW) : b0;
+				for (int cc = 0; cc < nc; cc++) {
+					__m256 vc = load8(rr + (size_t)cc * 8 * esize, dt);
 
-				acc[gp * CG + cc] = _mm256_fmadd_ps(b0, vc, acc[gp * CG + cc]);
-				if (gp + 1 < ng)
-					acc[(gp + 1) * CG + cc] =
-						_mm256_fmadd_ps(b1, vc, acc[(gp + 1) * CG + cc]);
+					acc[gp * CG + cc] = _mm256_fmadd_ps(b0, vc, acc[gp * CG + cc]);
+					if (gp + 1 < ng)
+						acc[(gp + 1) * CG + cc] =
+							_mm256_fmadd_ps(b1, vc, acc[(gp + 1) * CG + cc]);
+				}
 			}
 		}
 	}
@@ -304,11 +313,11 @@ AI void accumulate_body(const struct kva__tile *t, const struct kva__rows *bk, s
 
 static __attribute__((noinline)) void accumulate_tail(const struct kva__tile *t,
 						      const struct kva__rows *bk, size_t hoff,
-						      float s[][ROW], int g0, int c0,
-						      enum kva_dtype dt, int NC, int CG, int ng,
-						      int nc)
+						      struct kva__pf *pf, float s[][ROW], int g0,
+						      int c0, enum kva_dtype dt, int NC, int CG,
+						      int ng, int nc)
 {
-	accumulate_body(t, bk, hoff, s, g0, c0, dt, NC, CG, ng, nc);
+	accumulate_body(t, bk, hoff, pf, s, g0, c0, dt, NC, CG, ng, nc);
 }
 
 /*
@@ -317,20 +326,20 @@ static __attribute__((noinline)) void accumulate_tail(const struct kva__tile *t,
  * leave one or two), so that only an odd group takes the shared tail.
  */
 AI void accumulate_part(const struct kva__tile *t, const struct kva__rows *bk, size_t hoff,
-			float s[][ROW], int g0, int c0, const enum kva_dtype dt,
+			struct kva__pf *pf, float s[][ROW], int g0, int c0, const enum kva_dtype dt,
 			int NC, const int GB, const int CG)
 {
 	const int ng = t->group - g0 < GB ? t->group - g0 : GB;
 	const int nc = NC - c0 < CG ? NC - c0 : CG;
 
 	if (ng == GB && nc == CG)
-		accumulate_body(t, bk, hoff, s, g0, c0, dt, NC, CG, GB, CG);
+		accumulate_body(t, bk, hoff, pf, s, g0, c0, dt, NC, CG, GB, CG);
 	else if (ng == GB && nc == 1)
-		accumulate_body(t, bk, hoff, s, g0, c0, dt, NC, CG, GB, 1);
+		accumulate_body(t, bk, hoff, pf, s, g0, c0, dt, NC, CG, GB, 1);
 	else if (ng == GB && nc == 2)
-		accumulate_body(t, bk, hoff, s, g0, c0, dt, NC, CG, GB, 2);
+		accumulate_body(t, bk, hoff, pf, s, g0, c0, dt, NC, CG, GB, 2);
 	else
-		accumulate_tail(t, bk, hoff, s, g0, c0, dt, NC, CG, ng, nc);
+		accumulate_tail(t, bk, hoff, pf, s, g0, c0, dt, NC, CG, ng, nc);
 }
 
 /* the chunks of a part: 3-chunk parts end 3 + 1 as 2 + 2 (8 accumulators, not 4) */
@@ -339,7 +348,7 @@ static inline int part_chunks(int NC, int c0, int CG)
 	return CG == 3 && NC - c0 == 4 ? 2 : CG;
 }
 
-/* a prefetch step before each part */
+/* a prefetch step every ACC_STEP tokens of each part */
 AI void accumulate(const struct kva__tile *t, const struct kva__rows *bk, size_t hoff,
 		   struct kva__pf *pf, float s[][ROW], const enum kva_dtype dt, int NC,
 		   const int GB, const int CG)
@@ -348,11 +357,10 @@ AI void accumulate(const struct kva__tile *t, const struct kva__rows *bk, size_t
 		for (int c0 = 0; c0 < NC;) {
 			int cg = part_chunks(NC, c0, CG);
 
-			kva__pf_step(pf);
 			if (cg == 2)
-				accumulate_part(t, bk, hoff, s, g0, c0, dt, NC, GB, 2);
+				accumulate_part(t, bk, hoff, pf, s, g0, c0, dt, NC, GB, 2);
 			else
-				accumulate_part(t, bk, hoff, s, g0, c0, dt, NC, GB, CG);
+				accumulate_part(t, bk, hoff, pf, s, g0, c0, dt, NC, GB, CG);
 			c0 += cg;
 		}
 }
@@ -382,7 +390,7 @@ static int head_steps(int G, int NC, int n)
 	acc_shape(G, &GB, &CG);
 	for (int g0 = 0; g0 < G; g0 += GB)
 		for (int c0 = 0; c0 < NC; c0 += part_chunks(NC, c0, CG))
-			steps++;
+			steps += (n + ACC_STEP - 1) / ACC_STEP;
 	return steps;
 }
 
