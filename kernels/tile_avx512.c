@@ -12,7 +12,7 @@
  * each V chunk, converted once, is multiplied into every head's accumulator.
  * The next block's rows are prefetched while this one is computed (pages are
  * scattered, and the hardware prefetcher does not cross them), by the cursor
- * of kernels_pvt.h: a step every score16 and every 4th V row of a head.
+ * of kernels_pvt.h: a step every score16 and every ACC_STEP V rows of a part.
  */
 #include <immintrin.h>
 
@@ -27,6 +27,10 @@
  * better at group 1 or 4 (Zen 4) and hold twice the L2.
  */
 #define AHEAD 1
+
+/* V rows of a part between prefetch steps: the next block's lines asked for
+ * evenly over the output loop, as over the scores */
+#define ACC_STEP 8
 
 /* 16 elements of a K or V row, as fp32 (without the row's scale) */
 AI __m512 load16(const void *p, const enum kva_dtype dt)
@@ -215,7 +219,7 @@ AI void accumulate_body(const struct kva__tile *t, const struct kva__rows *bk, s
 		 * spills them */
 		__asm__("" : "+r"(row));
 
-		if (pf && i % 4 == 0)
+		if (i % ACC_STEP == 0)
 			kva__pf_step(pf);
 
 		for (int cc = 0; cc < nc; cc++) {
@@ -256,15 +260,14 @@ AI void accumulate_part(const struct kva__tile *t, const struct kva__rows *bk, s
 		accumulate_tail(t, bk, hoff, pf, s, g0, c0, dt, NC, CG, ng, nc);
 }
 
-/* the first part takes a prefetch step every 4th V row */
+/* every part takes a prefetch step every ACC_STEP V rows */
 AI void parts(const struct kva__tile *t, const struct kva__rows *bk, size_t hoff,
 	      struct kva__pf *pf, float s[][KVA__BLOCK_TOKENS], const enum kva_dtype dt,
 	      int NC, const int GB, const int CG)
 {
 	for (int g0 = 0; g0 < t->group; g0 += GB)
 		for (int c0 = 0; c0 < NC; c0 += CG)
-			accumulate_part(t, bk, hoff, g0 == 0 && c0 == 0 ? pf : NULL, s, g0, c0, dt,
-					NC, GB, CG);
+			accumulate_part(t, bk, hoff, pf, s, g0, c0, dt, NC, GB, CG);
 }
 
 /*
@@ -393,19 +396,35 @@ AI void head_block(const struct kva__tile *t, const struct kva__rows *bk,
 	accumulate(t, bk, hoff, pf, s, dt, NC);
 }
 
-/* the prefetch steps of one head's turn at a block of n tokens: one a score16, one every 4th V row */
-static int head_steps(int G, int n)
+/* the parts accumulate() cuts a head's output into: its switch, restated */
+static int acc_parts(int G, int NC)
+{
+	int GB, CG;
+
+	switch (NC) {
+	case 4: GB = G == 1 ? 1 : G == 2 ? 2 : 4; CG = 4; break;
+	case 5: case 6: GB = G == 1 ? 1 : 2; CG = NC; break;
+	case 8: GB = G == 1 ? 1 : G == 2 ? 2 : 4; CG = G <= 2 ? 8 : 4; break;
+	case 16: GB = G == 1 ? 1 : G == 2 ? 2 : 4; CG = G == 1 ? 16 : G == 2 ? 8 : 4; break;
+	default: GB = G == 1 ? 1 : 4; CG = G == 1 ? 16 : 4; break;
+	}
+	return (G + GB - 1) / GB * ((NC + CG - 1) / CG);
+}
+
+/* the prefetch steps of one head's turn at a block of n tokens: one a
+ * score16, one every ACC_STEP V rows of each part */
+static int head_steps(int G, int NC, int n)
 {
 	int tb = G == 1 ? 16 : G == 2 ? 8 : 4;
 
-	return (n + tb - 1) / tb + (n + 3) / 4;
+	return (n + tb - 1) / tb + acc_parts(G, NC) * ((n + ACC_STEP - 1) / ACC_STEP);
 }
 
 AI void tile(const struct kva__tile *t, const enum kva_dtype dt, int NC)
 {
 	const int D = NC * 16, H = t->heads;
 	const size_t row_bytes = (size_t)D * kva__esize(dt);
-	const int steps = H * head_steps(t->group, KVA__BLOCK_TOKENS);
+	const int steps = H * head_steps(t->group, NC, KVA__BLOCK_TOKENS);
 	struct kva__rows rows[AHEAD + 1], after;
 	struct kva__pf pf;
 	int k = 0;
