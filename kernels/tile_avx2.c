@@ -36,7 +36,7 @@
 #define AHEAD 1
 
 /* tokens of a part between prefetch steps: a step about as long as a score step */
-#define ACC_STEP 16
+#define ACC_STEP 8
 
 /* 8 elements of a K or V row, as fp32 (without the row's scale) */
 AI __m256 load8(const void *p, const enum kva_dtype dt)
