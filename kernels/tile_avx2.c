@@ -24,6 +24,7 @@
 #include <immintrin.h>
 
 #include "kernels_pvt.h"
+#include "load_x86.h"
 
 #define AI __attribute__((always_inline)) static inline
 
@@ -37,34 +38,6 @@
 
 /* tokens of a part between prefetch steps (16 and 4 measured slower) */
 #define ACC_STEP 8
-
-/* 8 elements of a K or V row, as fp32 (without the row's scale) */
-AI __m256 load8(const void *p, const enum kva_dtype dt)
-{
-	switch (dt) {
-	case KVA_F16:
-		return _mm256_cvtph_ps(_mm_loadu_si128((const __m128i *)p));
-	case KVA_BF16:
-		return _mm256_castsi256_ps(_mm256_slli_epi32(
-			_mm256_cvtepu16_epi32(_mm_loadu_si128((const __m128i *)p)), 16));
-	case KVA_FP8_E4M3: {
-		/* as in tile_avx512.c: e4m3 bits under a half's fields, x 2^8 */
-		__m128i x = _mm_cvtepu8_epi16(_mm_loadl_epi64((const __m128i *)p));
-		__m128i mag = _mm_and_si128(x, _mm_set1_epi16(0x7f));
-		__m128i h = _mm_or_si128(_mm_slli_epi16(mag, 7),
-					 _mm_slli_epi16(_mm_and_si128(x, _mm_set1_epi16(0x80)), 8));
-		__m256 f = _mm256_mul_ps(_mm256_cvtph_ps(h), _mm256_set1_ps(256.0f));
-		__m256 nan = _mm256_castsi256_ps(
-			_mm256_cvtepi16_epi32(_mm_cmpeq_epi16(mag, _mm_set1_epi16(0x7f))));
-
-		return _mm256_blendv_ps(f, _mm256_set1_ps(__builtin_nanf("")), nan);
-	}
-	case KVA_INT8:
-		return _mm256_cvtepi32_ps(_mm256_cvtepi8_epi32(_mm_loadl_epi64((const __m128i *)p)));
-	default:
-		return _mm256_loadu_ps(p);
-	}
-}
 
 /* lane i = the sum of v[i]'s 8 lanes */
 AI __m256 reduce8(const __m256 v[8])
@@ -163,7 +136,7 @@ AI void score_body(const struct kva__tile *t, const struct kva__rows *bk, size_t
 			__m256 kc[3];
 
 			for (int tt = 0; tt < nt; tt++)
-				kc[tt] = load8(kr[tt] + (size_t)c * 8 * esize, dt);
+				kc[tt] = kva__load8(kr[tt] + (size_t)c * 8 * esize, dt);
 			for (int gg = 0; gg < ng; gg++) {
 				__m256 q = _mm256_loadu_ps(qb + (size_t)gg * D + c * 8);
 
@@ -180,7 +153,7 @@ AI void score_body(const struct kva__tile *t, const struct kva__rows *bk, size_t
 				__asm__("" : "+x"(qv[gg]));
 			}
 			for (int tt = 0; tt < nt; tt++) {
-				__m256 kc = load8(kr[tt] + (size_t)c * 8 * esize, dt);
+				__m256 kc = kva__load8(kr[tt] + (size_t)c * 8 * esize, dt);
 
 				for (int gg = 0; gg < ng; gg++)
 					a[tt * GB + gg] = _mm256_fmadd_ps(kc, qv[gg], a[tt * GB + gg]);
@@ -295,7 +268,7 @@ AI void accumulate_body(const struct kva__tile *t, const struct kva__rows *bk, s
 				b0 = _mm256_broadcast_ss(pq + gp * ROW);
 				b1 = gp + 1 < ng ? _mm256_broadcast_ss(pq + (gp + 1) * ROW) : b0;
 				for (int cc = 0; cc < nc; cc++) {
-					__m256 vc = load8(rr + (size_t)cc * 8 * esize, dt);
+					__m256 vc = kva__load8(rr + (size_t)cc * 8 * esize, dt);
 
 					acc[gp * CG + cc] = _mm256_fmadd_ps(b0, vc, acc[gp * CG + cc]);
 					if (gp + 1 < ng)

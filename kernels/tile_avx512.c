@@ -17,6 +17,7 @@
 #include <immintrin.h>
 
 #include "kernels_pvt.h"
+#include "load_x86.h"
 
 #define AI __attribute__((always_inline)) static inline
 
@@ -32,34 +33,6 @@
  * are asked for evenly over the output loop as over the scores (4 measured
  * slower; the first part alone every 4th row, 12% slower at group 4) */
 #define ACC_STEP 8
-
-/* 16 elements of a K or V row, as fp32 (without the row's scale) */
-AI __m512 load16(const void *p, const enum kva_dtype dt)
-{
-	switch (dt) {
-	case KVA_F16:
-		return _mm512_cvtph_ps(_mm256_loadu_si256((const __m256i *)p));
-	case KVA_BF16:
-		return _mm512_castsi512_ps(_mm512_slli_epi32(
-			_mm512_cvtepu16_epi32(_mm256_loadu_si256((const __m256i *)p)), 16));
-	case KVA_FP8_E4M3: {
-		/* under a half's exponent and mantissa, e4m3 bits are a half 2^8
-		 * too small (decode_math.h); S.1111.111 is NaN */
-		__m256i x = _mm256_cvtepu8_epi16(_mm_loadu_si128((const __m128i *)p));
-		__m256i mag = _mm256_and_si256(x, _mm256_set1_epi16(0x7f));
-		__m256i h = _mm256_or_si256(_mm256_slli_epi16(mag, 7),
-					    _mm256_slli_epi16(_mm256_and_si256(x, _mm256_set1_epi16(0x80)), 8));
-		__m512 f = _mm512_mul_ps(_mm512_cvtph_ps(h), _mm512_set1_ps(256.0f));
-		__mmask16 nan = _mm256_cmpeq_epi16_mask(mag, _mm256_set1_epi16(0x7f));
-
-		return _mm512_mask_mov_ps(f, nan, _mm512_set1_ps(__builtin_nanf("")));
-	}
-	case KVA_INT8:
-		return _mm512_cvtepi32_ps(_mm512_cvtepi8_epi32(_mm_loadu_si128((const __m128i *)p)));
-	default:
-		return _mm512_loadu_ps(p);
-	}
-}
 
 /* lane i = the sum of v[i]'s 16 lanes */
 AI __m512 reduce16(const __m512 v[16])
@@ -135,7 +108,7 @@ AI void score_body(const struct kva__tile *t, const struct kva__rows *bk, size_t
 		for (int gg = 0; gg < ng; gg++)
 			qv[gg] = _mm512_loadu_ps(t->q + (size_t)(g0 + gg) * D + c * 16);
 		for (int tt = 0; tt < nt; tt++) {
-			__m512 kc = load16(kr[tt] + (size_t)c * 16 * esize, dt);
+			__m512 kc = kva__load16(kr[tt] + (size_t)c * 16 * esize, dt);
 
 			for (int gg = 0; gg < ng; gg++)
 				a[tt * GB + gg] = _mm512_fmadd_ps(kc, qv[gg], a[tt * GB + gg]);
@@ -224,7 +197,7 @@ AI void accumulate_body(const struct kva__tile *t, const struct kva__rows *bk, s
 			kva__pf_step(pf);
 
 		for (int cc = 0; cc < nc; cc++) {
-			__m512 vc = load16(row + (size_t)cc * 16 * esize, dt);
+			__m512 vc = kva__load16(row + (size_t)cc * 16 * esize, dt);
 
 			for (int gg = 0; gg < ng; gg++)
 				acc[gg * CG + cc] = _mm512_fmadd_ps(_mm512_set1_ps(s[g0 + gg][i]), vc,

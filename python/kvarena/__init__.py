@@ -28,6 +28,7 @@ build tree next to the package, or the system's library path.
 from __future__ import annotations
 
 from . import _lib
+from . import errors as _errors
 from ._lib import library_path, load_library
 from .dtypes import (
     Backend,
@@ -130,26 +131,8 @@ __all__ = [
     "AgentInfo",
     "CudaDevice",
     "as_dict",
-    # errors
-    "KvarenaError",
-    "InvalidArgument",
-    "NoSpace",
-    "QuotaExceeded",
-    "TooLarge",
-    "NotPermitted",
-    "StaleWorker",
-    "Busy",
-    "NoSlots",
-    "AccessDenied",
-    "AgentNotFound",
-    "AgentGone",
-    "ShuttingDown",
-    "ProtocolError",
-    "TimedOut",
-    "NoData",
-    "NotSupported",
-    "Closed",
-    "LibraryError",
+    # errors: every one errors.py exports
+    *_errors.__all__,
     # the library
     "load_library",
     "library_path",

@@ -10,7 +10,7 @@
  * multiply-adds (a score's dot product for each query head of the group,
  * or an output accumulation for each). The loop here does exactly that and
  * nothing else, over a buffer of stored elements that stays in L1 (16 KiB),
- * with the ISA's own conversion (the same instructions as the tiles'),
+ * with the tiles' own conversion (kernels/load_x86.h),
  * 8 to 16 independent accumulators (at least an FMA's latency times its
  * issue width on any x86 core, so that only the issue rate sets the pace)
  * and the group's query vectors from L1, on `threads` threads of our own.
@@ -20,8 +20,9 @@
  * but that is `group` values against head_dim elements: left out, so that
  * the roofline is a bound no real kernel can pass.
  *
- * Nothing of libkvarena's, like bench_readbw.c: the bound does not move
- * when the library does.
+ * Its own threads and loop, like bench_readbw.c; only the conversions are
+ * the tiles', so that a cheaper conversion in the tiles moves the bound
+ * with them.
  */
 #include <errno.h>
 #include <immintrin.h>
@@ -34,39 +35,10 @@
 
 #include "bench.h"
 #include "bench_roofline.h"
+#include "load_x86.h"
 
 #define BUF_BYTES (16u << 10) /* in L1 on any x86 core */
-#define ACCS 12
 #define MAX_THREADS 64u
-
-#define TARGET_AVX2 __attribute__((target("avx2,fma,f16c")))
-#define TARGET_AVX512 __attribute__((target("avx512f,avx512bw,avx512vl,fma,f16c")))
-
-TARGET_AVX2 static inline __m256 load8(const char *p, enum kva_dtype dt)
-{
-	switch (dt) {
-	case KVA_F16:
-		return _mm256_cvtph_ps(_mm_loadu_si128((const __m128i *)p));
-	case KVA_BF16:
-		return _mm256_castsi256_ps(_mm256_slli_epi32(
-			_mm256_cvtepu16_epi32(_mm_loadu_si128((const __m128i *)p)), 16));
-	case KVA_FP8_E4M3: {
-		__m128i x = _mm_cvtepu8_epi16(_mm_loadl_epi64((const __m128i *)p));
-		__m128i mag = _mm_and_si128(x, _mm_set1_epi16(0x7f));
-		__m128i h = _mm_or_si128(_mm_slli_epi16(mag, 7),
-					 _mm_slli_epi16(_mm_and_si128(x, _mm_set1_epi16(0x80)), 8));
-		__m256 f = _mm256_mul_ps(_mm256_cvtph_ps(h), _mm256_set1_ps(256.0f));
-		__m256 nan = _mm256_castsi256_ps(
-			_mm256_cvtepi16_epi32(_mm_cmpeq_epi16(mag, _mm_set1_epi16(0x7f))));
-
-		return _mm256_blendv_ps(f, _mm256_set1_ps(__builtin_nanf("")), nan);
-	}
-	case KVA_INT8:
-		return _mm256_cvtepi32_ps(_mm256_cvtepi8_epi32(_mm_loadl_epi64((const __m128i *)p)));
-	default:
-		return _mm256_loadu_ps((const float *)p);
-	}
-}
 
 /*
  * @passes passes over the buffer for heads [0, G), S vectors at a time:
@@ -101,15 +73,15 @@ TARGET_AVX2 static inline __m256 load8(const char *p, enum kva_dtype dt)
 
 #define AI __attribute__((always_inline)) static inline
 
-TARGET_AVX2 AI void pass_avx2_t(const char *buf, const float *q, unsigned passes, float *sink,
+KVA__TARGET_AVX2 AI void pass_avx2_t(const char *buf, const float *q, unsigned passes, float *sink,
 				const enum kva_dtype dt, const int G, const int S)
 {
-	PASS_BODY(8, load8, _mm256_setzero_ps(), _mm256_fmadd_ps, _mm256_add_ps, _mm256_storeu_ps,
+	PASS_BODY(8, kva__load8, _mm256_setzero_ps(), _mm256_fmadd_ps, _mm256_add_ps, _mm256_storeu_ps,
 		  _mm256_loadu_ps);
 }
 
 /* 16 ymm registers: S x G + G + 1 <= 16 (past G = 5, fewer than 8 chains) */
-TARGET_AVX2 AI void pass_avx2_g(const char *buf, const float *q, unsigned passes, float *sink,
+KVA__TARGET_AVX2 AI void pass_avx2_g(const char *buf, const float *q, unsigned passes, float *sink,
 				const enum kva_dtype dt, unsigned G)
 {
 	switch (G) {
@@ -124,7 +96,7 @@ TARGET_AVX2 AI void pass_avx2_g(const char *buf, const float *q, unsigned passes
 	}
 }
 
-TARGET_AVX2 __attribute__((noinline)) static void pass_avx2(const char *buf, const float *q,
+KVA__TARGET_AVX2 __attribute__((noinline)) static void pass_avx2(const char *buf, const float *q,
 							    unsigned G, enum kva_dtype dt,
 							    unsigned passes, float *sink)
 {
@@ -137,40 +109,15 @@ TARGET_AVX2 __attribute__((noinline)) static void pass_avx2(const char *buf, con
 	}
 }
 
-TARGET_AVX512 static inline __m512 load16(const char *p, enum kva_dtype dt)
-{
-	switch (dt) {
-	case KVA_F16:
-		return _mm512_cvtph_ps(_mm256_loadu_si256((const __m256i *)p));
-	case KVA_BF16:
-		return _mm512_castsi512_ps(_mm512_slli_epi32(
-			_mm512_cvtepu16_epi32(_mm256_loadu_si256((const __m256i *)p)), 16));
-	case KVA_FP8_E4M3: {
-		__m256i x = _mm256_cvtepu8_epi16(_mm_loadu_si128((const __m128i *)p));
-		__m256i mag = _mm256_and_si256(x, _mm256_set1_epi16(0x7f));
-		__m256i h = _mm256_or_si256(_mm256_slli_epi16(mag, 7),
-					    _mm256_slli_epi16(_mm256_and_si256(x, _mm256_set1_epi16(0x80)), 8));
-		__m512 f = _mm512_mul_ps(_mm512_cvtph_ps(h), _mm512_set1_ps(256.0f));
-		__mmask16 nan = _mm256_cmpeq_epi16_mask(mag, _mm256_set1_epi16(0x7f));
-
-		return _mm512_mask_mov_ps(f, nan, _mm512_set1_ps(__builtin_nanf("")));
-	}
-	case KVA_INT8:
-		return _mm512_cvtepi32_ps(_mm512_cvtepi8_epi32(_mm_loadu_si128((const __m128i *)p)));
-	default:
-		return _mm512_loadu_ps((const float *)p);
-	}
-}
-
-TARGET_AVX512 AI void pass_avx512_t(const char *buf, const float *q, unsigned passes,
+KVA__TARGET_AVX512 AI void pass_avx512_t(const char *buf, const float *q, unsigned passes,
 				  float *sink, const enum kva_dtype dt, const int G, const int S)
 {
-	PASS_BODY(16, load16, _mm512_setzero_ps(), _mm512_fmadd_ps, _mm512_add_ps,
+	PASS_BODY(16, kva__load16, _mm512_setzero_ps(), _mm512_fmadd_ps, _mm512_add_ps,
 		  _mm512_storeu_ps, _mm512_loadu_ps);
 }
 
 /* 32 zmm registers: S x G + G + 1 <= 32 */
-TARGET_AVX512 AI void pass_avx512_g(const char *buf, const float *q, unsigned passes,
+KVA__TARGET_AVX512 AI void pass_avx512_g(const char *buf, const float *q, unsigned passes,
 				    float *sink, const enum kva_dtype dt, unsigned G)
 {
 	switch (G) {
@@ -187,7 +134,7 @@ TARGET_AVX512 AI void pass_avx512_g(const char *buf, const float *q, unsigned pa
 	}
 }
 
-TARGET_AVX512 __attribute__((noinline)) static void pass_avx512(const char *buf, const float *q,
+KVA__TARGET_AVX512 __attribute__((noinline)) static void pass_avx512(const char *buf, const float *q,
 								unsigned G, enum kva_dtype dt,
 								unsigned passes, float *sink)
 {
