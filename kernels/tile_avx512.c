@@ -21,14 +21,6 @@
 
 #define AI __attribute__((always_inline)) static inline
 
-/*
- * Blocks the prefetches run ahead of the compute: a block of a whole span is
- * 48 tokens x 8 heads x 512 bytes (f16, head_dim 128) = 192 KiB, which takes
- * longer to compute than memory takes to answer. Two ahead measured no
- * better at group 1 or 4 (Zen 4) and hold twice the L2.
- */
-#define AHEAD 1
-
 /* V rows of a part between prefetch steps, so that the next block's lines
  * are asked for evenly over the output loop as over the scores (4 measured
  * slower; the first part alone every 4th row, 12% slower at group 4) */
@@ -396,45 +388,20 @@ static int head_steps(int G, int NC, int n)
 
 AI void tile(const struct kva__tile *t, const enum kva_dtype dt, int NC)
 {
-	const int D = NC * 16, H = t->heads;
-	const size_t row_bytes = (size_t)D * kva__esize(dt);
-	const int steps = H * head_steps(t->group, NC, KVA__BLOCK_TOKENS);
-	struct kva__rows rows[AHEAD + 1], after;
-	struct kva__pf pf;
-	int k = 0;
+	const size_t row_bytes = (size_t)NC * 16 * kva__esize(dt);
+	struct kva__blocks b;
 
-	for (int g = 0; g < H * t->group; g++) {
-		t->m[g] = -INFINITY;
-		t->l[g] = 0.0f;
-	}
-	memset(t->acc, 0, sizeof(float) * (size_t)H * t->group * D);
-	for (int a = 0; a < AHEAD; a++) {
-		kva__rows_at(t, t->t0 + a * KVA__BLOCK_TOKENS, &rows[a]);
-		if (t->warm)
-			continue; /* the tile before asked for these */
-		kva__pf_begin(&pf, t, &rows[a], row_bytes, 1);
-		kva__pf_rows(&pf, -1);
-	}
+	kva__blocks_begin(&b, t, row_bytes, t->heads * head_steps(t->group, NC, KVA__BLOCK_TOKENS));
+	for (int32_t tb = t->t0; tb < t->t1; tb += KVA__BLOCK_TOKENS) {
+		const struct kva__rows *bk = kva__blocks_next(&b, t, tb);
 
-	for (int32_t tb = t->t0; tb < t->t1; tb += KVA__BLOCK_TOKENS, k++) {
-		const struct kva__rows *bk = &rows[k % (AHEAD + 1)];
-		struct kva__rows *nx = &rows[(k + AHEAD) % (AHEAD + 1)];
-
-		/* n = 0 past the end, where the next tile's first block goes */
-		kva__rows_at(t, tb + AHEAD * KVA__BLOCK_TOKENS, nx);
-		if (!nx->n && t->next && tb + (AHEAD - 1) * KVA__BLOCK_TOKENS < t->t1) {
-			kva__rows_at(t->next, t->next->t0, &after);
-			kva__pf_begin(&pf, t->next, &after, row_bytes, steps);
-		} else {
-			kva__pf_begin(&pf, t, nx, row_bytes, steps);
-		}
-		for (int h = 0; h < H; h++) {
+		for (int h = 0; h < t->heads; h++) {
 			struct kva__tile th;
 
 			kva__tile_head(t, h, &th);
-			head_block(&th, bk, &pf, tb, kva__head_offset(t->kv, h), dt, NC);
+			head_block(&th, bk, &b.pf, tb, kva__head_offset(t->kv, h), dt, NC);
 		}
-		kva__pf_rows(&pf, -1); /* what the steps left, if the block was short */
+		kva__pf_rows(&b.pf, -1); /* what the steps left, if the block was short */
 	}
 }
 
