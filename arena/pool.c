@@ -261,7 +261,10 @@ void kva__pool_lookahead(struct kva_worker *w, uint32_t i)
 		return;
 	w->snap_word = n;
 	w->snap_bits = word;
-	__builtin_prefetch(&w->desc[n * 64 + (uint32_t)__builtin_ctzll(word)], 1, 3);
+	/* a bit past the last block is corrupt: claim_snap refuses it, and no
+	 * address past the array is formed for it here either */
+	if (n * 64 + (uint32_t)__builtin_ctzll(word) < a->blocks)
+		__builtin_prefetch(&w->desc[n * 64 + (uint32_t)__builtin_ctzll(word)], 1, 3);
 }
 
 /*
