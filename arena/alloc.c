@@ -103,7 +103,7 @@ static inline int check_taking(struct kva_worker *w)
 
 	if (ret < 0)
 		return ret;
-	if (unlikely(atomic_load_explicit(&w->arena->pool->agent_state, memory_order_relaxed) ==
+	if (unlikely(atomic_load_explicit(&w->pool->agent_state, memory_order_relaxed) ==
 		     KVA_AGENT_STOPPING))
 		return stopping();
 	return 0;
@@ -162,7 +162,7 @@ int kva_alloc_slow(struct kva_worker *w, uint32_t n, uint32_t *ids)
 	if (likely(w && ids && n == 1 && !w->c.cap)) {
 		if (unlikely((ret = check_taking(w)) < 0))
 			return ret;
-		if (!kva__pool_claim_snap(w, ids))
+		if (!kva__pool_claim_recent(w, ids) && !kva__pool_claim_snap(w, ids))
 			return alloc_one_walk(w, ids);
 		w->c.held[ids[0]] = KVA__HELD_EXCL;
 		return 0;
@@ -280,8 +280,8 @@ int kva_free_slow(struct kva_worker *w, const uint32_t *ids, uint32_t n)
 		 * slot's next worker may own them under the same tag. */
 		if (likely(id < w->c.blocks && w->c.held[id] == KVA__HELD_EXCL &&
 			   check_live(w) == 0)) {
-			w->c.held[id] = 0;
 			kva__pool_release_one(w, id);
+			w->c.held[id] = 0; /* after: one store less for its lock to wait for */
 			return 0;
 		}
 	}

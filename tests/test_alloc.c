@@ -168,6 +168,61 @@ static void test_alloc_to_full_across_workers_loses_nothing(void **state)
 	free(by);
 }
 
+/* LIFO: the blocks given back last are taken first, with or without a cache
+ * (the cache is a stack; without one, the worker remembers what it freed) */
+static void test_the_block_freed_last_is_taken_first(void **state)
+{
+	struct fixture *f = *state;
+	uint32_t ids[3], got;
+
+	for (unsigned k = 0; k < 3; k++)
+		assert_int_equal(kva_alloc(f->w, 1, &ids[k]), 0);
+	for (unsigned k = 0; k < 3; k++)
+		assert_int_equal(kva_free(f->w, &ids[k], 1), 0);
+	for (unsigned k = 3; k-- > 0;) {
+		assert_int_equal(kva_alloc(f->w, 1, &got), 0);
+		assert_int_equal(got, ids[k]);
+	}
+	assert_int_equal(kva_free(f->w, ids, 3), 0);
+}
+
+/*
+ * Without a cache, the blocks a worker freed are free to all: another worker
+ * takes them, and the first, whose memory still names them, must find them
+ * taken (one CAS), neither take them twice nor miss the blocks freed since.
+ */
+static void test_freed_blocks_another_took_are_not_taken_twice(void **state)
+{
+	struct fixture *f = *state;
+	uint32_t *ids = malloc(BLOCKS * sizeof(*ids)), v_ids[4], got;
+
+	assert_int_equal(kva_alloc(f->w, BLOCKS, ids), 0);
+	for (unsigned k = 0; k < 4; k++)
+		assert_int_equal(kva_free(f->w, &ids[k], 1), 0);
+	for (unsigned k = 0; k < 4; k++)
+		assert_int_equal(kva_alloc(f->v, 1, &v_ids[k]), 0);
+	assert_int_equal(free_blocks(f->a), 0);
+	/* w remembers the four; v holds them all */
+	assert_int_equal(kva_alloc(f->w, 1, &got), -ENOSPC);
+	for (unsigned k = 0; k < 4; k++)
+		assert_int_equal(kva_free(f->w, &v_ids[k], 1), -EPERM);
+	/* v gives two back: w finds them, though it forgot what it freed */
+	assert_int_equal(kva_free(f->v, &v_ids[1], 1), 0);
+	assert_int_equal(kva_free(f->v, &v_ids[3], 1), 0);
+	assert_int_equal(kva_alloc(f->w, 1, &ids[0]), 0);
+	assert_int_equal(kva_alloc(f->w, 1, &ids[1]), 0);
+	assert_true((ids[0] == v_ids[1] && ids[1] == v_ids[3]) ||
+		    (ids[0] == v_ids[3] && ids[1] == v_ids[1]));
+	assert_int_equal(kva_alloc(f->w, 1, &got), -ENOSPC);
+	assert_int_equal(kva_arena_check(f->a, NULL), 0);
+	assert_int_equal(kva_free(f->v, &v_ids[0], 1), 0);
+	assert_int_equal(kva_free(f->v, &v_ids[2], 1), 0);
+	/* ids[2], ids[3] went to v and came back free: w holds the rest */
+	assert_int_equal(kva_free(f->w, ids, 2), 0);
+	assert_int_equal(kva_free(f->w, ids + 4, BLOCKS - 4), 0);
+	free(ids);
+}
+
 static void test_alloc_capacity_plus_one_takes_nothing(void **state)
 {
 	struct fixture *f = *state;
@@ -593,6 +648,9 @@ int main(void)
 		T(test_null_arguments_are_einval),
 		T(test_alloc_all_then_one_more_is_enospc),
 		T(test_alloc_to_full_across_workers_loses_nothing),
+		T(test_the_block_freed_last_is_taken_first),
+		cmocka_unit_test_setup_teardown(test_freed_blocks_another_took_are_not_taken_twice,
+						setup_uncached, teardown),
 		T(test_alloc_capacity_plus_one_takes_nothing),
 		T(test_alloc_is_all_or_nothing),
 		T(test_free_twice_is_eperm),
