@@ -177,47 +177,77 @@ static inline void kva__scales_at(const struct kva__tile *t, int32_t tb, int n, 
  * ceiling where T0 gave 0.52 and NTA 0.49.
  */
 struct kva__pf {
+	const char *p;              /* the next line of the current run to ask for, */
+	int left;                   /* and how many of its lines are left */
 	const struct kva__rows *nx;
-	size_t hstride, row_bytes;  /* bytes from one head's row to the next's; of a row */
-	int heads, per;             /* rows a step prefetches */
-	int part, j, h;             /* the next row: K (0) or V (1), token, head */
+	size_t hstride, run;        /* bytes from one head's row to the next's; of a run */
+	int runs, per;              /* runs a token has (heads, or 1 if they are one run);
+				     * lines a step asks for */
+	int part, j, h;             /* the next run: K (0) or V (1), token, head */
 };
 
+/*
+ * A run is what the cursor reads front to back: one head's row of a token,
+ * or all the span's heads' rows of it when they lie end to end (a head's
+ * row as long as the head stride, as in every layout the engines use), so
+ * that the cursor's work is a count and an add a line, not a row's address
+ * worked out again every four lines. An AVX2 tile at group 4 over pages in
+ * L2 (Zen 4, f16, head_dim 128) decodes 19.2 GB/s without prefetches, 16.2
+ * with a row's address every four lines, 17.0 with runs.
+ */
 static inline void kva__pf_begin(struct kva__pf *pf, const struct kva__tile *t,
 				 const struct kva__rows *nx, size_t row_bytes, int steps)
 {
-	int rows = 2 * nx->n * t->heads;
+	size_t lines;
 
 	pf->nx = nx;
 	pf->hstride = kva__head_offset(t->kv, 1);
-	pf->row_bytes = row_bytes;
-	pf->heads = t->heads;
-	pf->per = steps > 0 ? (rows + steps - 1) / steps : rows;
+	pf->runs = pf->hstride == row_bytes ? 1 : t->heads;
+	pf->run = pf->runs == 1 ? row_bytes * (size_t)t->heads : row_bytes;
+	/* a run not on a line boundary touches one line more */
+	lines = (size_t)(2 * nx->n * pf->runs) * ((pf->run + 63) / 64 + 1);
+	pf->per = steps > 0 ? (int)((lines + (size_t)steps - 1) / (size_t)steps) : (int)lines;
 	pf->part = nx->n ? 0 : 2;
 	pf->j = pf->h = 0;
+	pf->p = NULL;
+	pf->left = 0;
 }
 
-/* @rows more rows (all that are left if @rows < 0) */
-static inline void kva__pf_rows(struct kva__pf *pf, int rows)
+/* @lines more lines (all that are left if @lines < 0) */
+static inline void kva__pf_lines(struct kva__pf *pf, int lines)
 {
-	for (; rows != 0 && pf->part < 2; rows--) {
-		const char *r = (pf->part ? pf->nx->v : pf->nx->k)[pf->j] + pf->h * pf->hstride;
+	const char *p = pf->p;
+	int left = pf->left;
 
-		for (size_t off = 0; off < pf->row_bytes; off += 64)
-			__builtin_prefetch(r + off, 0, 2);
-		if (++pf->h == pf->heads) {
-			pf->h = 0;
-			if (++pf->j == pf->nx->n) {
-				pf->j = 0;
-				pf->part++;
+	for (; lines != 0; lines--, left--) {
+		if (!left) {
+			uintptr_t r;
+
+			if (pf->part >= 2)
+				break;
+			r = (uintptr_t)((pf->part ? pf->nx->v : pf->nx->k)[pf->j] +
+					pf->h * pf->hstride);
+			/* from the line the run starts in to the one it ends in */
+			p = (const char *)(r & ~(uintptr_t)63);
+			left = (int)((r % 64 + pf->run + 63) / 64);
+			if (++pf->h == pf->runs) {
+				pf->h = 0;
+				if (++pf->j == pf->nx->n) {
+					pf->j = 0;
+					pf->part++;
+				}
 			}
 		}
+		__builtin_prefetch(p, 0, 2);
+		p += 64;
 	}
+	pf->p = p;
+	pf->left = left;
 }
 
 static inline void kva__pf_step(struct kva__pf *pf)
 {
-	kva__pf_rows(pf, pf->per);
+	kva__pf_lines(pf, pf->per);
 }
 
 /*
@@ -234,7 +264,7 @@ static inline void kva__pf_step(struct kva__pf *pf)
  *   for (tb = t->t0; tb < t->t1; tb += KVA__BLOCK_TOKENS) {
  *           bk = kva__blocks_next(&b, t, tb);
  *           ... every head's turn at bk, kva__pf_step(&b.pf) as it goes ...
- *           kva__pf_rows(&b.pf, -1);
+ *           kva__pf_lines(&b.pf, -1);
  *   }
  *
  * @steps: the prefetch steps a block's loops take, over which the next
@@ -263,7 +293,7 @@ static inline void kva__blocks_begin(struct kva__blocks *b, const struct kva__ti
 	kva__rows_at(t, t->t0, &b->rows[0]);
 	if (!t->warm) { /* else the tile before asked for these */
 		kva__pf_begin(&b->pf, t, &b->rows[0], row_bytes, 1);
-		kva__pf_rows(&b->pf, -1);
+		kva__pf_lines(&b->pf, -1);
 	}
 }
 
