@@ -269,7 +269,8 @@ void kva__pool_lookahead(struct kva_worker *w, uint32_t i)
 
 /*
  * kva__pool_release - @w gives back blocks it owns and nobody holds: each
- * descriptor becomes FREE (its epoch bumped), then its hint bit is set.
+ * descriptor becomes FREE (its epoch bumped), then its hint bit is set; and
+ * @w remembers them, for kva__pool_claim_recent().
  *
  * An OWNED descriptor is written by its owner alone, so a plain store frees
  * it; release makes the block's data written so far happen-before the next
@@ -292,6 +293,7 @@ void kva__pool_release(struct kva_worker *w, const uint32_t *ids, uint32_t n)
 			continue;
 		atomic_store_explicit(&a->desc[id], kva__d_next_free(d), memory_order_release);
 		KVA__CRASH_POINT(KVA__CP_RELEASE_STORE);
+		kva__pool_recent_push(w, id); /* ours alone: read after we return */
 		if (id / 64 != word) {
 			if (bits)
 				kva__hint_set_inline(a, word, bits);

@@ -183,6 +183,12 @@ static void test_the_block_freed_last_is_taken_first(void **state)
 		assert_int_equal(kva_alloc(f->w, 1, &got), 0);
 		assert_int_equal(got, ids[k]);
 	}
+	/* the same when they go back in one call */
+	assert_int_equal(kva_free(f->w, ids, 3), 0);
+	for (unsigned k = 3; k-- > 0;) {
+		assert_int_equal(kva_alloc(f->w, 1, &got), 0);
+		assert_int_equal(got, ids[k]);
+	}
 	assert_int_equal(kva_free(f->w, ids, 3), 0);
 }
 
