@@ -103,7 +103,7 @@ static inline int check_taking(struct kva_worker *w)
 
 	if (ret < 0)
 		return ret;
-	if (unlikely(atomic_load_explicit(&w->pool->agent_state, memory_order_relaxed) ==
+	if (unlikely(atomic_load_explicit(&w->arena->pool->agent_state, memory_order_relaxed) ==
 		     KVA_AGENT_STOPPING))
 		return stopping();
 	return 0;
@@ -152,8 +152,9 @@ static __attribute__((noinline)) int alloc_slow(struct kva_worker *w, uint32_t n
 
 /*
  * The uncached alloc of one block first, with nothing else in the way:
- * the checks, a CAS on the candidate our snapshot of l0 names, our held[]
- * entry. The rest is alloc_slow(), so that this path saves no registers.
+ * the checks, a CAS on the block we gave back last or else on the candidate
+ * our snapshot of l0 names, our held[] entry. The rest is alloc_slow(), so
+ * that this path saves no registers.
  */
 int kva_alloc_slow(struct kva_worker *w, uint32_t n, uint32_t *ids)
 {
@@ -280,8 +281,8 @@ int kva_free_slow(struct kva_worker *w, const uint32_t *ids, uint32_t n)
 		 * slot's next worker may own them under the same tag. */
 		if (likely(id < w->c.blocks && w->c.held[id] == KVA__HELD_EXCL &&
 			   check_live(w) == 0)) {
+			w->c.held[id] = 0;
 			kva__pool_release_one(w, id);
-			w->c.held[id] = 0; /* after: one store less for its lock to wait for */
 			return 0;
 		}
 	}

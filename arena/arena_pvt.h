@@ -695,7 +695,7 @@ struct kva_arena {
 #define KVA__HELD_PENDING 0x40000000u
 #define KVA__HELD_MAXREF 0x3fffffffu
 
-/* how many of its last uncached frees a worker remembers (a power of 2) */
+/* how many of the blocks it gave back last a worker remembers (a power of 2) */
 #define KVA__RECENT 1024u
 
 struct kva_worker {
@@ -716,12 +716,11 @@ struct kva_worker {
 	uint32_t snap_word;
 	uint64_t snap_bits;
 	_Atomic uint64_t *l0;      /* arena->l0 */
-	_Atomic uint64_t *l1;      /* arena->l1 */
-	struct kva__pool *pool;    /* arena->pool */
-	/* the blocks our uncached frees gave back last, newest at
+	/* pool.c: the blocks we gave back to the arena last, newest at
 	 * recent[(recent_top - 1) % KVA__RECENT]: where the uncached claim
 	 * looks before the snapshot (a hint too: they are FREE to everyone,
-	 * and the descriptor's CAS decides). recent_len 0: none */
+	 * and the descriptor's CAS decides). Ours alone, in our memory: a
+	 * death leaves nothing of it to repair. recent_len 0: none */
 	uint32_t recent_top, recent_len;
 	uint32_t sweep_pos, sweep_left; /* prefix/evict.c: our share of the hand not yet seen */
 	uint64_t *ranks;           /* prefix/evict.c: ranks a threshold is computed from */
@@ -844,28 +843,22 @@ static inline bool kva__claim_desc(struct kva_worker *w, uint32_t id)
  * release a claimer's or clearer's RMW on the word acquires; the l1 part
  * pairs with pool.c's summary_clear() (all seq_cst).
  */
-static inline void kva__hint_set_at(_Atomic uint64_t *l0, _Atomic uint64_t *l1, uint32_t i,
-				    uint64_t bits)
+static inline void kva__hint_set_inline(struct kva_arena *a, uint32_t i, uint64_t bits)
 {
 	uint64_t bit = 1ull << (i % 64);
 
-	atomic_fetch_or_explicit(&l0[i], bits, memory_order_seq_cst);
+	atomic_fetch_or_explicit(&a->l0[i], bits, memory_order_seq_cst);
 	KVA__CRASH_POINT(KVA__CP_HINT_L0);
-	if (!(atomic_load_explicit(&l1[i / 64], memory_order_seq_cst) & bit))
-		atomic_fetch_or_explicit(&l1[i / 64], bit, memory_order_seq_cst);
-}
-
-static inline void kva__hint_set_inline(struct kva_arena *a, uint32_t i, uint64_t bits)
-{
-	kva__hint_set_at(a->l0, a->l1, i, bits);
+	if (!(atomic_load_explicit(&a->l1[i / 64], memory_order_seq_cst) & bit))
+		atomic_fetch_or_explicit(&a->l1[i / 64], bit, memory_order_seq_cst);
 }
 
 void kva__pool_lookahead(struct kva_worker *w, uint32_t i);
 
 /*
- * kva__pool_claim_recent - the uncached claim's first try: the block our
- * last uncached free gave back, and one CAS. Its descriptor line is in our
- * cache and its hint bit still set (a claim leaves it), so taking it back
+ * kva__pool_claim_recent - the uncached claim's first try: the block we
+ * gave back last, and one CAS. Its descriptor line is in our cache and its
+ * hint bit set (the release set it), so taking it back
  * touches nothing another worker is likely to have touched since: what a
  * LIFO free list gives, with no list in shared memory. The ring is only a
  * hint: the blocks in it are FREE, in l0, to every worker, and one that
@@ -899,7 +892,7 @@ static inline void kva__pool_recent_push(struct kva_worker *w, uint32_t id)
 }
 
 /*
- * kva__pool_claim_snap - the uncached claim's first try: the first bit of
+ * kva__pool_claim_snap - the uncached claim's second try: the first bit of
  * our own snapshot of an l0 word at or after the cursor (w->snap_word,
  * w->snap_bits), and one CAS. The snapshot is a hint, as l0 is: a stale bit
  * fails the CAS, and a bit it lacks is found when kva__pool_claim_one()
@@ -948,7 +941,7 @@ static inline void kva__pool_release_one(struct kva_worker *w, uint32_t id)
 	 * owner's claim (its acquire CAS) */
 	atomic_store_explicit(&w->desc[id], kva__d_next_free(d), memory_order_release);
 	KVA__CRASH_POINT(KVA__CP_RELEASE_STORE);
-	kva__hint_set_at(w->l0, w->l1, id / 64, 1ull << (id % 64));
+	kva__hint_set_inline(w->arena, id / 64, 1ull << (id % 64));
 	kva__pool_recent_push(w, id);
 }
 

@@ -194,10 +194,11 @@ static inline uint32_t next_word(struct kva_arena *a, uint32_t i)
 /*
  * kva__pool_claim_one - claim one block: the first free one after the
  * cursor, in the cursor's word or the next few words l1 points to; else the
- * full walk of kva__pool_claim(), which also clears stale bits. The common
- * case of an uncached alloc: a CAS, with the candidate taken from our own
- * snapshot of the cursor's l0 word (a load of l0 the first time in each
- * word); the claimed block's hint bit is left for the next visitor to clear.
+ * full walk of kva__pool_claim(), which also clears stale bits. An uncached
+ * alloc comes here when the blocks it gave back last are gone: a CAS, with
+ * the candidate taken from our own snapshot of the cursor's l0 word (a load
+ * of l0 the first time in each word); the claimed block's hint bit is left
+ * for the next visitor to clear.
  *
  * The snapshot may be older than l0: a bit it has may be stale (the CAS
  * finds the descriptor taken, and we look again in l0 itself), and a bit it

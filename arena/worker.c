@@ -108,8 +108,6 @@ static int worker_make(struct kva_arena *a, uint32_t id, uint32_t gen, const cha
 	w->arena = a;
 	w->desc = a->desc;
 	w->l0 = a->l0;
-	w->l1 = a->l1;
-	w->pool = a->pool;
 	w->snap_word = UINT32_MAX;
 	w->doorbell = -1;
 	w->c.blocks = a->blocks;

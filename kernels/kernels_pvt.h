@@ -191,9 +191,9 @@ struct kva__pf {
  * or all the span's heads' rows of it when they lie end to end (a head's
  * row as long as the head stride, as in every layout the engines use), so
  * that the cursor's work is a count and an add a line, not a row's address
- * worked out again every four lines. An AVX2 tile at group 4 over pages in
- * L2 (Zen 4, f16, head_dim 128) decodes 19.2 GB/s without prefetches, 16.2
- * with a row's address every four lines, 17.0 with runs.
+ * worked out again every four lines: at group 4 the cursor runs between
+ * every few tokens' FMAs, and its own instructions showed in the tile's
+ * profile (README "Current figures" has what the change gave).
  */
 static inline void kva__pf_begin(struct kva__pf *pf, const struct kva__tile *t,
 				 const struct kva__rows *nx, size_t row_bytes, int steps)
