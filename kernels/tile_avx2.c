@@ -11,9 +11,9 @@
  *
  *   scores      3 tokens x 4 heads: 3 K chunks in registers, q from memory
  *               6 x 2 and 12 x 1: q chunks in registers, K chunks in turn
- *   output      4 heads x 3 chunks: the heads in pairs, each pair with its
- *               two broadcasts p and the V chunks loaded again (a load is
- *               cheaper than the register it would hold)
+ *   output      4 heads x 3 chunks: the chunks converted once into three
+ *               registers, each head's p broadcast into the sixteenth;
+ *               2 heads x 4 and 1 x 8: the V chunks loaded in turn
  *
  * and read each K and V line of a head once per block where the group allows
  * (all heads of a group at once): one head's rows are 256-byte pieces at a
@@ -211,8 +211,9 @@ AI void score_heads(const struct kva__tile *t, const struct kva__rows *bk,
 
 /*
  * acc[g] += sum_t p[g][t] v[t] for heads [g0, g0 + ng) x chunks [c0, c0 + nc)
- * kept in registers over the block: the heads in pairs, each pair with its
- * two broadcasts, the V chunks loaded again for each pair.
+ * kept in registers over the block: four heads share the chunks converted
+ * once; fewer go in pairs, each pair with its two broadcasts and the V
+ * chunks loaded again for each pair.
  */
 AI void accumulate_body(const struct kva__tile *t, const struct kva__rows *bk, size_t hoff,
 			struct kva__pf *pf, float s[][ROW], int g0, int c0, const enum kva_dtype dt,
@@ -243,6 +244,31 @@ AI void accumulate_body(const struct kva__tile *t, const struct kva__rows *bk, s
 		for (; vp < cend; vp++, sp++) {
 			const char *row = *vp + off;
 
+			if (ng == 4 && nc <= 3) {
+				/*
+				 * Four heads: the part's V chunks converted once
+				 * into three registers, then each head's p
+				 * broadcast and used three times: 12
+				 * accumulators, 3 chunks and a broadcast are
+				 * all sixteen ymm, and a token costs 3
+				 * conversions, not 6.
+				 */
+				const char *rr = row;
+				const float *pq = sp;
+				__m256 vc[3];
+
+				__asm__ volatile("" : "+r"(rr), "+r"(pq));
+				for (int cc = 0; cc < nc; cc++)
+					vc[cc] = kva__load8(rr + (size_t)cc * 8 * esize, dt);
+				for (int gg = 0; gg < 4; gg++) {
+					__m256 b = _mm256_broadcast_ss(pq + gg * ROW);
+
+					for (int cc = 0; cc < nc; cc++)
+						acc[gg * CG + cc] =
+							_mm256_fmadd_ps(b, vc[cc], acc[gg * CG + cc]);
+				}
+				continue;
+			}
 			for (int gp = 0; gp < ng; gp += 2) {
 				const char *rr = row;
 				const float *pq = sp;
