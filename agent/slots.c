@@ -95,6 +95,10 @@ static void repaired(struct agent *ag, uint32_t victim, unsigned words, const ch
 	suspects(ag, victim, who, sizeof(who));
 	ag->repairs += words;
 	snprintf(ag->last_repair, sizeof(ag->last_repair), "%s", what);
+	/* counted where kvarena-ctl reads it before the line is written, so
+	 * that whoever reads the line and then asks kvarena-ctl finds it
+	 * counted (the check's end rewrites the whole view again) */
+	kva__view_set(ag->a, ag->repairs, ag->last_repair, ag->reclaims_pending);
 	log_warn("repaired: %s; written by a worker, most likely one of: %s", what, who);
 }
 
