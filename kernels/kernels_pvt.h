@@ -153,13 +153,28 @@ static inline void kva__scales_at(const struct kva__tile *t, int32_t tb, int n, 
 	const struct kva_kv_desc *kv = t->kv;
 	int32_t pi = tb / kv->page_size, off = tb % kv->page_size;
 
-	for (int i = 0; i < n; i++, off++) {
-		if (off == kv->page_size) {
-			off = 0;
-			pi++;
+	if (kv->dtype != KVA_INT8) { /* fp8: one scale a head (or the tensor) */
+		const float k = kva__scale(kv, kv->k_scale, 0, 0, h);
+		const float v = kva__scale(kv, kv->v_scale, 0, 0, h);
+
+		for (int i = 0; i < n; i++) {
+			ks[i] = k;
+			vs[i] = v;
 		}
-		ks[i] = kva__scale(kv, kv->k_scale, t->pages[pi], off, h);
-		vs[i] = kva__scale(kv, kv->v_scale, t->pages[pi], off, h);
+	} else {
+		/* int8: one a token, a page's run of them at a fixed stride from
+		 * the page's own, worked out once a page */
+		for (int i = 0; i < n; pi++, off = 0) {
+			const int64_t at = (int64_t)t->pages[pi] * kv->scale_page_stride +
+					   (int64_t)h * kv->scale_head_stride;
+			const int64_t st = kv->scale_token_stride;
+			const float *kb = kv->k_scale + at, *vb = kv->v_scale + at;
+
+			for (int64_t o = off; o < kv->page_size && i < n; o++, i++) {
+				ks[i] = kb[o * st];
+				vs[i] = vb[o * st];
+			}
+		}
 	}
 	for (int i = n; i < KVA__BLOCK_TOKENS; i++)
 		vs[i] = 0.0f;

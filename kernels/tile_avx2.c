@@ -104,10 +104,12 @@ AI float hsum8(__m256 v)
  * Score tokens [i, i + nt) x heads [g0, g0 + ng) into s[g][i]: TB x GB dot
  * products, each accumulated in a ymm across head_dim, then reduced 8 (and
  * 4) at a time. The caller passes nt == TB and ng == GB as constants except
- * at a block's or a group's end.
+ * at a block's or a group's end. The K scales of fp8 and int8 are the
+ * fold's to apply, 8 scores a multiply, so every dtype takes the transposed
+ * stores.
  */
 AI void score_body(const struct kva__tile *t, const struct kva__rows *bk, size_t hoff,
-		   const float *ks, int i, int g0, float s[][ROW],
+		   int i, int g0, float s[][ROW],
 		   const enum kva_dtype dt, int NC, const int TB, const int GB, const int nt,
 		   const int ng)
 {
@@ -152,7 +154,7 @@ AI void score_body(const struct kva__tile *t, const struct kva__rows *bk, size_t
 			}
 		}
 	}
-	if (TB == 3 && GB == 4 && nt == TB && ng == GB && dt != KVA_FP8_E4M3 && dt != KVA_INT8) {
+	if (TB == 3 && GB == 4 && nt == TB && ng == GB) {
 		/* lanes t0g0..t0g3 t1g0..t1g3 and t2g0..t2g3: transposed, each
 		 * head's three scores are one store (and a fourth lane the next
 		 * call overwrites) */
@@ -167,7 +169,7 @@ AI void score_body(const struct kva__tile *t, const struct kva__rows *bk, size_t
 		_mm_storeu_ps(&s[g0 + 3][i], c3);
 		return;
 	}
-	if (TB == 12 && GB == 1 && nt == TB && ng == GB && dt != KVA_FP8_E4M3 && dt != KVA_INT8) {
+	if (TB == 12 && GB == 1 && nt == TB && ng == GB) {
 		_mm256_storeu_ps(&s[g0][i], reduce8(a));
 		_mm_storeu_ps(&s[g0][i + 8], reduce4(a + 8));
 		return;
@@ -177,34 +179,31 @@ AI void score_body(const struct kva__tile *t, const struct kva__rows *bk, size_t
 		_mm_store_ps(r + 8, reduce4(a + 8));
 	for (int tt = 0; tt < nt; tt++)
 		for (int gg = 0; gg < ng; gg++)
-			s[g0 + gg][i + tt] = dt == KVA_FP8_E4M3 || dt == KVA_INT8
-						     ? r[tt * GB + gg] * ks[i + tt] : r[tt * GB + gg];
+			s[g0 + gg][i + tt] = r[tt * GB + gg];
 }
 
 /* the tail of a block, or of a group of heads: one shared instance */
 static __attribute__((noinline)) void score_tail(const struct kva__tile *t,
-						 const struct kva__rows *bk, size_t hoff,
-						 const float *ks, int i, int g0,
-						 float s[][ROW], enum kva_dtype dt,
-						 int NC, int TB, int GB, int nt, int ng)
+						 const struct kva__rows *bk, size_t hoff, int i,
+						 int g0, float s[][ROW], enum kva_dtype dt, int NC,
+						 int TB, int GB, int nt, int ng)
 {
-	score_body(t, bk, hoff, ks, i, g0, s, dt, NC, TB, GB, nt, ng);
+	score_body(t, bk, hoff, i, g0, s, dt, NC, TB, GB, nt, ng);
 }
 
 /* heads [g0, g0 + GB) x every token of the block, K prefetches between calls */
 AI void score_heads(const struct kva__tile *t, const struct kva__rows *bk,
-		    struct kva__pf *pf, size_t hoff, const float *ks, int g0,
-		    float s[][ROW], const enum kva_dtype dt, int NC, const int TB,
-		    const int GB)
+		    struct kva__pf *pf, size_t hoff, int g0, float s[][ROW],
+		    const enum kva_dtype dt, int NC, const int TB, const int GB)
 {
 	const int ng = t->group - g0 < GB ? t->group - g0 : GB;
 
 	for (int i = 0; i < bk->n; i += TB) {
 		kva__pf_step(pf);
 		if (bk->n - i >= TB && ng == GB)
-			score_body(t, bk, hoff, ks, i, g0, s, dt, NC, TB, GB, TB, GB);
+			score_body(t, bk, hoff, i, g0, s, dt, NC, TB, GB, TB, GB);
 		else
-			score_tail(t, bk, hoff, ks, i, g0, s, dt, NC, TB, GB,
+			score_tail(t, bk, hoff, i, g0, s, dt, NC, TB, GB,
 				   bk->n - i < TB ? bk->n - i : TB, ng);
 	}
 }
@@ -394,20 +393,25 @@ AI void head_block(const struct kva__tile *t, const struct kva__rows *bk, struct
 	_Alignas(32) float s[KVA__MAX_GROUP][ROW];
 	_Alignas(32) float ks[KVA__BLOCK_TOKENS], vs[KVA__BLOCK_TOKENS];
 
-	if (dt == KVA_FP8_E4M3 || dt == KVA_INT8)
+	if (dt == KVA_FP8_E4M3 || dt == KVA_INT8) {
 		kva__scales_at(t, tb, bk->n, t->kv_head, ks, vs);
+		/* the fold scales whole vectors: the lanes past the block's end
+		 * are -inf, and must stay so */
+		for (int i = bk->n; i < nv * 8; i++)
+			ks[i] = 1.0f;
+	}
 	if (G == 1) {
-		score_heads(t, bk, pf, hoff, ks, 0, s, dt, NC, 12, 1);
+		score_heads(t, bk, pf, hoff, 0, s, dt, NC, 12, 1);
 	} else if (G == 2) {
-		score_heads(t, bk, pf, hoff, ks, 0, s, dt, NC, 6, 2);
+		score_heads(t, bk, pf, hoff, 0, s, dt, NC, 6, 2);
 	} else {
 		for (int g0 = 0; g0 < G; g0 += 4)
 			if (G - g0 >= 3)
-				score_heads(t, bk, pf, hoff, ks, g0, s, dt, NC, 3, 4);
+				score_heads(t, bk, pf, hoff, g0, s, dt, NC, 3, 4);
 			else if (G - g0 == 2)
-				score_heads(t, bk, pf, hoff, ks, g0, s, dt, NC, 6, 2);
+				score_heads(t, bk, pf, hoff, g0, s, dt, NC, 6, 2);
 			else
-				score_heads(t, bk, pf, hoff, ks, g0, s, dt, NC, 12, 1);
+				score_heads(t, bk, pf, hoff, g0, s, dt, NC, 12, 1);
 	}
 
 	for (int g = 0; g < G; g++) {
@@ -418,6 +422,8 @@ AI void head_block(const struct kva__tile *t, const struct kva__rows *bk, struct
 			s[g][i] = -INFINITY;
 		for (int j = 0; j < nv; j++) {
 			sv[j] = _mm256_load_ps(s[g] + 8 * j);
+			if (dt == KVA_FP8_E4M3 || dt == KVA_INT8) /* the K scales */
+				sv[j] = _mm256_mul_ps(sv[j], _mm256_load_ps(ks + 8 * j));
 			mv = _mm256_max_ps(mv, sv[j]);
 		}
 		mb = kva_max(t->m[g], hmax8(mv));
