@@ -185,7 +185,10 @@ struct kva__pool {
 	_Atomic uint64_t pub_fix;
 	/* What the agent reports (kva_arena_agent_report): written by the agent
 	 * alone, rewritten whole every tick from its private state (so an
-	 * overwrite lasts a tick), read by ops tools; nobody decides from it. */
+	 * overwrite lasts a tick), and its repair words also at each repair,
+	 * before the repair is logged; read by ops tools; nobody decides from
+	 * it. Relaxed words: a reader may see one tick's count with another's
+	 * text, and an agent that dies leaves the last tick's view. */
 	alignas(64) struct kva__agent_view {
 		_Atomic uint64_t repairs;
 		_Atomic uint64_t last_repair[16];       /* 127 bytes and a NUL */
@@ -716,7 +719,8 @@ struct kva_worker {
 	uint32_t snap_word;
 	uint64_t snap_bits;
 	_Atomic uint64_t *l0;      /* arena->l0 */
-	/* pool.c: the blocks we gave back to the arena last, newest at
+	/* pool.c: the blocks we gave back to the arena last (kept while we
+	 * have no cache), newest at
 	 * recent[(recent_top - 1) % KVA__RECENT]: where the uncached claim
 	 * looks before the snapshot (a hint too: they are FREE to everyone,
 	 * and the descriptor's CAS decides). Ours alone, in our memory: a

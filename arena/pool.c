@@ -271,7 +271,8 @@ void kva__pool_lookahead(struct kva_worker *w, uint32_t i)
 /*
  * kva__pool_release - @w gives back blocks it owns and nobody holds: each
  * descriptor becomes FREE (its epoch bumped), then its hint bit is set; and
- * @w remembers them, for kva__pool_claim_recent().
+ * an uncached @w remembers them, for kva__pool_claim_recent() (a worker with
+ * a cache refills it by the walk of kva__pool_claim() and never reads them).
  *
  * An OWNED descriptor is written by its owner alone, so a plain store frees
  * it; release makes the block's data written so far happen-before the next
@@ -283,6 +284,7 @@ void kva__pool_release(struct kva_worker *w, const uint32_t *ids, uint32_t n)
 	struct kva_arena *a = w->arena;
 	uint64_t mine = kva__d_make(KVA__D_OWNED, 0, w->owner_payload);
 	uint64_t match = ~(KVA__D_EPOCH_MASK << KVA__D_EPOCH_SHIFT);
+	const bool remember = !w->c.cap;
 	uint32_t word = UINT32_MAX;
 	uint64_t bits = 0;
 
@@ -294,7 +296,8 @@ void kva__pool_release(struct kva_worker *w, const uint32_t *ids, uint32_t n)
 			continue;
 		atomic_store_explicit(&a->desc[id], kva__d_next_free(d), memory_order_release);
 		KVA__CRASH_POINT(KVA__CP_RELEASE_STORE);
-		kva__pool_recent_push(w, id); /* ours alone: read after we return */
+		if (remember) /* ours alone: read after we return */
+			kva__pool_recent_push(w, id);
 		if (id / 64 != word) {
 			if (bits)
 				kva__hint_set_inline(a, word, bits);

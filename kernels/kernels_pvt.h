@@ -144,8 +144,9 @@ static inline size_t kva__head_offset(const struct kva_kv_desc *kv, int32_t i)
 
 /*
  * The K and V scales of tokens [tb, tb + n) of KV head @h (int8 and fp8:
- * the other dtypes have none), and 0 in vs past n: p is 0 past the end of a
- * block, and so must p * vs be.
+ * the other dtypes have none); past n, 0 in vs (p is 0 past the end of a
+ * block, and so must p * vs be) and 1 in ks (a score past the end is -inf,
+ * and so must a whole vector of scores times ks keep it).
  */
 static inline void kva__scales_at(const struct kva__tile *t, int32_t tb, int n, int32_t h,
 				  float ks[KVA__BLOCK_TOKENS], float vs[KVA__BLOCK_TOKENS])
@@ -176,8 +177,10 @@ static inline void kva__scales_at(const struct kva__tile *t, int32_t tb, int n, 
 			}
 		}
 	}
-	for (int i = n; i < KVA__BLOCK_TOKENS; i++)
+	for (int i = n; i < KVA__BLOCK_TOKENS; i++) {
+		ks[i] = 1.0f;
 		vs[i] = 0.0f;
+	}
 }
 
 /*

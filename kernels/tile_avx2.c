@@ -393,13 +393,8 @@ AI void head_block(const struct kva__tile *t, const struct kva__rows *bk, struct
 	_Alignas(32) float s[KVA__MAX_GROUP][ROW];
 	_Alignas(32) float ks[KVA__BLOCK_TOKENS], vs[KVA__BLOCK_TOKENS];
 
-	if (dt == KVA_FP8_E4M3 || dt == KVA_INT8) {
+	if (dt == KVA_FP8_E4M3 || dt == KVA_INT8)
 		kva__scales_at(t, tb, bk->n, t->kv_head, ks, vs);
-		/* the fold scales whole vectors: the lanes past the block's end
-		 * are -inf, and must stay so */
-		for (int i = bk->n; i < nv * 8; i++)
-			ks[i] = 1.0f;
-	}
 	if (G == 1) {
 		score_heads(t, bk, pf, hoff, 0, s, dt, NC, 12, 1);
 	} else if (G == 2) {
