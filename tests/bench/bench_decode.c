@@ -42,6 +42,8 @@
  *                      int8 len * kv_heads * 2 * 4, fp8 kv_heads * 2 * 4
  *   arena_bytes        the arena's data region, over which the batch's
  *                      blocks are scattered (--arena-mib)
+ *   hugetlb            true when that region is on 2 MiB huge pages
+ *                      (--hugepages, and the hugetlb pool had them)
  *   ms                 median time of one kva_decode call
  *   gbps               bytes / ms, in 1e9 bytes per second
  *   ceiling_gbps       the contiguous read sweep of `bytes` with `threads`
@@ -158,6 +160,7 @@ struct decode_opts {
 	unsigned trials;
 	uint32_t arena_mib;  /* data region of each arena at least; 0: what the batches need */
 	bool quick;
+	bool hugepages;      /* --hugepages: each arena asks for KVA_ARENA_HUGETLB */
 	bool cuda;           /* --backend cuda: kva_decode_cuda on device @device */
 	uint32_t device;
 };
@@ -265,14 +268,16 @@ static int cache_fill(struct kvcache *c, uint64_t *rng)
 	return ret;
 }
 
-static int cache_make(const struct config *g, uint32_t blocks, uint64_t *rng, struct kvcache *c)
+static int cache_make(const struct config *g, uint32_t blocks, bool hugepages, uint64_t *rng,
+		      struct kvcache *c)
 {
 	struct kva_geometry geo = {
 		.block_tokens = PAGE_TOKENS, .layers = 1, .kv_heads = g->kv_heads,
 		.head_dim = g->head_dim, .dtype = g->dtype, .layout = KVA_LAYOUT_BLOCK_MAJOR,
 	};
 	struct kva_arena_opts o = { .blocks = blocks, .cache_blocks = KVA_CACHE_NONE,
-				    .numa_node = -1, .name = "kvarena-bench" };
+				    .numa_node = -1, .name = "kvarena-bench",
+				    .flags = hugepages ? KVA_ARENA_HUGETLB : 0 };
 	const char *step;
 	int ret;
 
@@ -713,7 +718,7 @@ static uint64_t llc_bytes(void)
 
 static int print_line(const struct config *c, const struct batch *b, const struct figures *f,
 		      enum kva_isa isa, const struct bench_readbw *rb, uint64_t llc, unsigned trials,
-		      uint64_t arena_bytes)
+		      const struct kva_arena_info *arena)
 {
 	struct bench_line l;
 
@@ -729,7 +734,8 @@ static int print_line(const struct config *c, const struct batch *b, const struc
 	bench_line_str(&l, "isa", kva_isa_name(isa_used(isa, c->head_dim)));
 	bench_line_str(&l, "q_dtype", "f32");
 	bench_line_num(&l, "bytes", (double)b->bytes, 0);
-	bench_line_num(&l, "arena_bytes", (double)arena_bytes, 0);
+	bench_line_num(&l, "arena_bytes", (double)arena->layout.data_bytes, 0);
+	bench_line_bool(&l, "hugetlb", arena->hugetlb);
 	bench_line_num(&l, "ms", f->ms, 4);
 	bench_line_num(&l, "gbps", f->gbps, 2);
 	bench_line_num(&l, "ceiling_gbps", f->ceiling_gbps, 2);
@@ -812,11 +818,13 @@ static int run_geometry(const struct decode_opts *o, const struct config *g,
 	uint64_t t0 = bench_now_ns();
 	int ret;
 
-	if ((ret = cache_make(g, blocks, rng, &kc)) < 0)
+	if ((ret = cache_make(g, blocks, o->hugepages, rng, &kc)) < 0)
 		return ret;
-	fprintf(stderr, "decode: %s, head_dim %u, %u KV heads: %u blocks (%.0f MiB) filled in "
+	fprintf(stderr, "decode: %s, head_dim %u, %u KV heads: %u blocks (%.0f MiB%s) filled in "
 		"%.1f s\n", kva_dtype_name(g->dtype), g->head_dim, g->kv_heads, blocks,
 		(double)kva_arena_info(kc.arena)->layout.data_bytes / (1 << 20),
+		kva_arena_info(kc.arena)->hugetlb ? ", huge pages"
+		: o->hugepages ? ", no huge pages free: ordinary pages" : "",
 		(double)(bench_now_ns() - t0) / 1e9);
 	for (unsigned i = 0; i < o->n && ret == 0; i++) {
 		const struct config *c = &o->configs[i];
@@ -830,7 +838,7 @@ static int run_geometry(const struct decode_opts *o, const struct config *g,
 		ret = measure(c, &kc, &b, rb, o, &f);
 		if (ret == 0)
 			ret = print_line(c, &b, &f, o->isa, rb, llc, o->trials,
-					 kva_arena_info(kc.arena)->layout.data_bytes);
+					 kva_arena_info(kc.arena));
 		if (ret == 0) {
 			fprintf(stderr, "decode: %-8s hd %3u b %2u ctx %5u g %u t %u: %9.3f ms "
 				"%6.2f GB/s of %6.2f (%.2f), roofline %6.1f  naive x%.0f  err %.1e  "
@@ -1154,7 +1162,7 @@ static int gpu_run_geometry(const struct decode_opts *o, const struct gpu_setup 
 	uint64_t arena_bytes;
 	int ret;
 
-	if ((ret = cache_make(g, arena_blocks(o, g), rng, &kc)) < 0)
+	if ((ret = cache_make(g, arena_blocks(o, g), o->hugepages, rng, &kc)) < 0)
 		return ret;
 	arena_bytes = kva_arena_info(kc.arena)->layout.data_bytes;
 	if ((ret = gpu_cache_make(gr->g, &kc, &gc)) < 0) {
@@ -1337,6 +1345,9 @@ static void usage(FILE *f)
 		"  --quick           one small configuration (f16, batch 2, context 200,\n"
 		"                    group 4, threads 2, head_dim 64, 2 KV heads), 2 trials,\n"
 		"                    --arena-mib 0; the options above change it\n"
+		"  --hugepages       each arena on 2 MiB huge pages, as kvarena-agent\n"
+		"                    --hugepages puts it, if the system's hugetlb pool has\n"
+		"                    them (else ordinary pages; \"hugetlb\" says which)\n"
 		"  --backend B       host (default): kva_decode as above; cuda: kva_decode_cuda\n"
 		"                    over a copy of the arena in device memory, against\n"
 		"                    cuMemcpyDtoD's bandwidth in the same run and checked\n"
@@ -1470,6 +1481,7 @@ static int parse(int argc, char **argv, struct decode_opts *o)
 		{ "trials", required_argument, NULL, 'T' },
 		{ "arena-mib", required_argument, NULL, 'A' },
 		{ "quick", no_argument, NULL, 'q' },
+		{ "hugepages", no_argument, NULL, 'P' },
 		{ "backend", required_argument, NULL, 'B' },
 		{ "device", required_argument, NULL, 'G' },
 		{ "help", no_argument, NULL, 'h' },
@@ -1550,6 +1562,9 @@ static int parse(int argc, char **argv, struct decode_opts *o)
 			continue;
 		case 'q':
 			o->quick = true;
+			continue;
+		case 'P':
+			o->hugepages = true;
 			continue;
 		case 'B':
 			if (strcmp(optarg, "host") && strcmp(optarg, "cuda"))
