@@ -1162,7 +1162,7 @@ static int gpu_run_geometry(const struct decode_opts *o, const struct gpu_setup 
 	uint64_t arena_bytes;
 	int ret;
 
-	if ((ret = cache_make(g, arena_blocks(o, g), o->hugepages, rng, &kc)) < 0)
+	if ((ret = cache_make(g, arena_blocks(o, g), false, rng, &kc)) < 0)
 		return ret;
 	arena_bytes = kva_arena_info(kc.arena)->layout.data_bytes;
 	if ((ret = gpu_cache_make(gr->g, &kc, &gc)) < 0) {
@@ -1347,7 +1347,8 @@ static void usage(FILE *f)
 		"                    --arena-mib 0; the options above change it\n"
 		"  --hugepages       each arena on 2 MiB huge pages, as kvarena-agent\n"
 		"                    --hugepages puts it, if the system's hugetlb pool has\n"
-		"                    them (else ordinary pages; \"hugetlb\" says which)\n"
+		"                    them (else ordinary pages; \"hugetlb\" says which);\n"
+		"                    not with --backend cuda\n"
 		"  --backend B       host (default): kva_decode as above; cuda: kva_decode_cuda\n"
 		"                    over a copy of the arena in device memory, against\n"
 		"                    cuMemcpyDtoD's bandwidth in the same run and checked\n"
@@ -1600,6 +1601,9 @@ static int parse(int argc, char **argv, struct decode_opts *o)
 		/* one configuration per shape: threads 0 is kva_decode's default
 		 * for the reference, and kva_decode_cuda ignores it */
 		l[THREADS] = (struct list){ { 0 }, 1 };
+		if (o->hugepages)
+			return usage_error("--hugepages is for the host's arena: --backend cuda "
+					   "decodes a copy of it in device memory");
 	} else if (device_given) {
 		return usage_error("--device is for --backend cuda");
 	}
