@@ -208,7 +208,8 @@ struct kva__pf {
 /*
  * A run is what the cursor reads front to back: one head's row of a token,
  * or all the span's heads' rows of it when they lie end to end (a head's
- * row as long as the head stride, as in every layout the engines use), so
+ * row as long as the head stride: NHD pages; in the arena's own HND pages
+ * a head's rows lie end to end instead, and a run is one head's row), so
  * that the cursor's work is a count and an add a line, not a row's address
  * worked out again every four lines: at group 4 the cursor runs between
  * every few tokens' FMAs, and its own instructions showed in the tile's
@@ -339,7 +340,9 @@ static inline void kva__pf_pages(const struct kva__pf *pf)
 		const char *const *row = part ? r->v : r->k;
 
 		for (int i = 0, j; i < r->n; i = j) {
-			for (j = i + 1; j < r->n && pf->tok <= 4096 && row[j] == row[j - 1] + pf->tok; j++)
+			for (j = i + 1; j < r->n && pf->tok <= 4096 &&
+					(uintptr_t)row[j] == (uintptr_t)row[j - 1] + pf->tok;
+			     j++)
 				;
 			for (int h = 0; h < pf->runs; h++) {
 				uintptr_t a = (uintptr_t)row[i] + (size_t)h * pf->hstride;
