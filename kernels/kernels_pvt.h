@@ -318,19 +318,21 @@ static inline void kva__blocks_begin(struct kva__blocks *b, const struct kva__ti
 	}
 }
 
+#define KVA__OS_PAGE 4096u /* the smallest page x86 maps: a TLB entry's reach */
+
 /*
  * kva__pf_pages - one prefetch into each 4 KiB page the cursor's block lies
  * in, all at once, before the cursor's lines are spread over the block. On
  * ordinary pages each head's run of a KV page (HND: 16 tokens x 256 bytes,
  * f16, head_dim 128) is a page of its own, 48 of them a block, all past
- * the TLB's reach; a page's first touch waited for its page walk (two
- * levels of tables under a hypervisor) in the middle of the spread. Walked
- * here, they overlap one another and are done before the lines are asked
- * for: measured on Zen 4, group 4 read 7-11% more on 4 KiB pages, nearly
- * what 2 MiB pages give (README "Current figures"). Each address asked for
- * is one the block reads (a run's first byte, or a page start inside a
- * run); tokens whose rows lie one token stride apart are taken as one range
- * per head, where no gap between rows holds a page of its own.
+ * the TLB's reach, and a page's first touch in the middle of the spread
+ * waited for its page walk. Walked here, they overlap one another and are
+ * done before the lines are asked for: on Zen 4 it brought 4 KiB pages
+ * close to what 2 MiB pages give, on both vector paths (README "Current
+ * figures" has the runs). Each address asked for is one the block reads (a
+ * run's first byte, or a page start inside a run); tokens whose rows lie
+ * one token stride apart are taken as one range per head, where no gap
+ * between rows can hold a page of its own.
  */
 static inline void kva__pf_pages(const struct kva__pf *pf)
 {
@@ -340,7 +342,7 @@ static inline void kva__pf_pages(const struct kva__pf *pf)
 		const char *const *row = part ? r->v : r->k;
 
 		for (int i = 0, j; i < r->n; i = j) {
-			for (j = i + 1; j < r->n && pf->tok <= 4096 &&
+			for (j = i + 1; j < r->n && pf->tok <= KVA__OS_PAGE &&
 					(uintptr_t)row[j] == (uintptr_t)row[j - 1] + pf->tok;
 			     j++)
 				;
@@ -348,7 +350,7 @@ static inline void kva__pf_pages(const struct kva__pf *pf)
 				uintptr_t a = (uintptr_t)row[i] + (size_t)h * pf->hstride;
 				uintptr_t end = (uintptr_t)row[j - 1] + (size_t)h * pf->hstride + pf->run;
 
-				for (; a < end; a = (a | 4095) + 1)
+				for (; a < end; a = (a | (KVA__OS_PAGE - 1)) + 1)
 					__builtin_prefetch((const void *)a, 0, 2);
 			}
 		}
