@@ -125,7 +125,7 @@ AI void score_body(const struct kva__tile *t, const struct kva__rows *bk, size_t
 	for (int tt = 0; tt < nt; tt++)
 		kr[tt] = bk->k[i + tt] + hoff;
 	for (int c = 0; c < NC; c++) {
-		if (GB >= 3) {
+		if (GB >= 3 || ng > 2) {
 			/* the tokens' K chunks in registers, q from memory */
 			__m256 kc[3];
 
@@ -154,10 +154,12 @@ AI void score_body(const struct kva__tile *t, const struct kva__rows *bk, size_t
 			}
 		}
 	}
-	if (TB == 3 && GB == 4 && nt == TB && ng == GB) {
+	if (TB == 3 && GB == 4 && nt == TB && ng >= 3) {
 		/* lanes t0g0..t0g3 t1g0..t1g3 and t2g0..t2g3: transposed, each
 		 * head's three scores are one store (and a fourth lane the next
-		 * call overwrites) */
+		 * call overwrites). A last group of three heads stores a fourth
+		 * row too, of zeros, into s[g0 + 3]: a row of the array (g0 + 3
+		 * is then the group, below KVA__MAX_GROUP) that nothing reads. */
 		__m256 r8 = reduce8(a);
 		__m128 c0 = _mm256_castps256_ps128(r8), c1 = _mm256_extractf128_ps(r8, 1);
 		__m128 c2 = reduce4(a + 8), c3 = _mm_setzero_ps();
@@ -191,7 +193,11 @@ static __attribute__((noinline)) void score_tail(const struct kva__tile *t,
 	score_body(t, bk, hoff, i, g0, s, dt, NC, TB, GB, nt, ng);
 }
 
-/* heads [g0, g0 + GB) x every token of the block, K prefetches between calls */
+/*
+ * heads [g0, g0 + GB) x every token of the block, K prefetches between
+ * calls; a last group of three heads (groups 3, 7, 11, ...) is a constant
+ * shape too: 9 of the 12 accumulators, not the shared tail's loops
+ */
 AI void score_heads(const struct kva__tile *t, const struct kva__rows *bk,
 		    struct kva__pf *pf, size_t hoff, int g0, float s[][ROW],
 		    const enum kva_dtype dt, int NC, const int TB, const int GB)
@@ -202,6 +208,8 @@ AI void score_heads(const struct kva__tile *t, const struct kva__rows *bk,
 		kva__pf_step(pf);
 		if (bk->n - i >= TB && ng == GB)
 			score_body(t, bk, hoff, i, g0, s, dt, NC, TB, GB, TB, GB);
+		else if (GB == 4 && bk->n - i >= TB && ng == 3)
+			score_body(t, bk, hoff, i, g0, s, dt, NC, TB, GB, TB, 3);
 		else
 			score_tail(t, bk, hoff, i, g0, s, dt, NC, TB, GB,
 				   bk->n - i < TB ? bk->n - i : TB, ng);
@@ -243,14 +251,14 @@ AI void accumulate_body(const struct kva__tile *t, const struct kva__rows *bk, s
 		for (; vp < cend; vp++, sp++) {
 			const char *row = *vp + off;
 
-			if (ng == 4 && nc <= 3) {
+			if (ng >= 3 && nc <= 3) {
 				/*
-				 * Four heads: the part's V chunks converted once
-				 * into three registers, then each head's p
-				 * broadcast and used three times: 12
-				 * accumulators, 3 chunks and a broadcast are
-				 * all sixteen ymm, and a token costs 3
-				 * conversions, not 6.
+				 * Four heads (or a group's last three): the
+				 * part's V chunks converted once into three
+				 * registers, then each head's p broadcast and
+				 * used three times: 12 accumulators, 3 chunks
+				 * and a broadcast are all sixteen ymm, and a
+				 * token costs 3 conversions, not 6.
 				 */
 				const char *rr = row;
 				const float *pq = sp;
@@ -259,7 +267,7 @@ AI void accumulate_body(const struct kva__tile *t, const struct kva__rows *bk, s
 				__asm__ volatile("" : "+r"(rr), "+r"(pq));
 				for (int cc = 0; cc < nc; cc++)
 					vc[cc] = kva__load8(rr + (size_t)cc * 8 * esize, dt);
-				for (int gg = 0; gg < 4; gg++) {
+				for (int gg = 0; gg < ng; gg++) {
 					__m256 b = _mm256_broadcast_ss(pq + gg * ROW);
 
 					for (int cc = 0; cc < nc; cc++)
@@ -310,10 +318,27 @@ static __attribute__((noinline)) void accumulate_tail(const struct kva__tile *t,
 	accumulate_body(t, bk, hoff, pf, s, g0, c0, dt, NC, CG, ng, nc);
 }
 
+/* NG heads x chunks [c0, c0 + nc): constants for a whole part and for the
+ * last one or two chunks of a 3-chunk part (head_dim 64, 128, 256 leave
+ * one or two), so that only an odd head_dim takes the shared tail */
+AI void accumulate_chunks(const struct kva__tile *t, const struct kva__rows *bk, size_t hoff,
+			  struct kva__pf *pf, float s[][ROW], int g0, int c0,
+			  const enum kva_dtype dt, int NC, const int CG, const int NG, int nc)
+{
+	if (nc == CG)
+		accumulate_body(t, bk, hoff, pf, s, g0, c0, dt, NC, CG, NG, CG);
+	else if (nc == 1)
+		accumulate_body(t, bk, hoff, pf, s, g0, c0, dt, NC, CG, NG, 1);
+	else if (nc == 2)
+		accumulate_body(t, bk, hoff, pf, s, g0, c0, dt, NC, CG, NG, 2);
+	else
+		accumulate_tail(t, bk, hoff, pf, s, g0, c0, dt, NC, CG, NG, nc);
+}
+
 /*
- * Heads [g0, g0 + GB) x chunks [c0, c0 + CG): constants when whole, and
- * for the last one or two chunks of a 3-chunk part (head_dim 64, 128, 256
- * leave one or two), so that only an odd group takes the shared tail.
+ * Heads [g0, g0 + GB) x chunks [c0, c0 + CG), and a last group of three
+ * heads in the 4 x 3 shape (9 accumulators): constants, never the tail's
+ * loops, whatever the group.
  */
 AI void accumulate_part(const struct kva__tile *t, const struct kva__rows *bk, size_t hoff,
 			struct kva__pf *pf, float s[][ROW], int g0, int c0, const enum kva_dtype dt,
@@ -322,12 +347,10 @@ AI void accumulate_part(const struct kva__tile *t, const struct kva__rows *bk, s
 	const int ng = t->group - g0 < GB ? t->group - g0 : GB;
 	const int nc = NC - c0 < CG ? NC - c0 : CG;
 
-	if (ng == GB && nc == CG)
-		accumulate_body(t, bk, hoff, pf, s, g0, c0, dt, NC, CG, GB, CG);
-	else if (ng == GB && nc == 1)
-		accumulate_body(t, bk, hoff, pf, s, g0, c0, dt, NC, CG, GB, 1);
-	else if (ng == GB && nc == 2)
-		accumulate_body(t, bk, hoff, pf, s, g0, c0, dt, NC, CG, GB, 2);
+	if (ng == GB)
+		accumulate_chunks(t, bk, hoff, pf, s, g0, c0, dt, NC, CG, GB, nc);
+	else if (GB == 4 && ng == 3)
+		accumulate_chunks(t, bk, hoff, pf, s, g0, c0, dt, NC, CG, 3, nc);
 	else
 		accumulate_tail(t, bk, hoff, pf, s, g0, c0, dt, NC, CG, ng, nc);
 }
@@ -338,49 +361,69 @@ static inline int part_chunks(int NC, int c0, int CG)
 	return CG == 3 && NC - c0 == 4 ? 2 : CG;
 }
 
+/* heads [g0, g0 + GB) x all chunks, a part at a time */
+AI void accumulate_heads(const struct kva__tile *t, const struct kva__rows *bk, size_t hoff,
+			 struct kva__pf *pf, float s[][ROW], int g0, const enum kva_dtype dt,
+			 int NC, const int GB, const int CG)
+{
+	for (int c0 = 0; c0 < NC;) {
+		int cg = part_chunks(NC, c0, CG);
+
+		if (cg == 2)
+			accumulate_part(t, bk, hoff, pf, s, g0, c0, dt, NC, GB, 2);
+		else
+			accumulate_part(t, bk, hoff, pf, s, g0, c0, dt, NC, GB, CG);
+		c0 += cg;
+	}
+}
+
+/*
+ * The register tile of each phase for the heads [g0, g0 + rest) a group
+ * has left: four heads at a time (scores 3 tokens x 4, output 4 x 3
+ * chunks), and whatever is left at the end as a group of that size would
+ * be: three as four, two as 2 x 6 and 2 x 4, one as 12 x 1 and 1 x 8. So a
+ * group of 5, 6 or 7 runs a group of 4's code and then a group of 1, 2 or
+ * 3's, and none of them the shared tails (which took 2-3x longer).
+ */
+static inline int score_tb(int rest)
+{
+	return rest >= 3 ? 3 : rest == 2 ? 6 : 12;
+}
+
+static inline int out_cg(int rest)
+{
+	return rest >= 3 ? 3 : rest == 2 ? 4 : 8;
+}
+
 /* a prefetch step every ACC_STEP tokens of each part */
 AI void accumulate(const struct kva__tile *t, const struct kva__rows *bk, size_t hoff,
-		   struct kva__pf *pf, float s[][ROW], const enum kva_dtype dt, int NC,
-		   const int GB, const int CG)
+		   struct kva__pf *pf, float s[][ROW], const enum kva_dtype dt, int NC)
 {
-	for (int g0 = 0; g0 < t->group; g0 += GB)
-		for (int c0 = 0; c0 < NC;) {
-			int cg = part_chunks(NC, c0, CG);
+	for (int g0 = 0; g0 < t->group; g0 += 4) {
+		const int rest = t->group - g0;
 
-			if (cg == 2)
-				accumulate_part(t, bk, hoff, pf, s, g0, c0, dt, NC, GB, 2);
-			else
-				accumulate_part(t, bk, hoff, pf, s, g0, c0, dt, NC, GB, CG);
-			c0 += cg;
-		}
+		if (rest >= 3)
+			accumulate_heads(t, bk, hoff, pf, s, g0, dt, NC, 4, 3);
+		else if (rest == 2)
+			accumulate_heads(t, bk, hoff, pf, s, g0, dt, NC, 2, 4);
+		else
+			accumulate_heads(t, bk, hoff, pf, s, g0, dt, NC, 1, 8);
+	}
 }
 
-/* the register tile of each phase for a group of G: (TB, GB) and (GB, CG) */
-static inline int score_tb(int heads)
-{
-	return heads >= 3 ? 3 : heads == 2 ? 6 : 12;
-}
-
-static inline void acc_shape(int G, int *GB, int *CG)
-{
-	*GB = G == 1 ? 1 : G == 2 ? 2 : 4;
-	*CG = G == 1 ? 8 : G == 2 ? 4 : 3;
-}
-
-/* the prefetch steps of one head's turn at a block of n tokens */
+/* the prefetch steps of one head's turn at a block of n tokens: what
+ * head_block()'s scores and accumulate() take, counted the same way */
 static int head_steps(int G, int NC, int n)
 {
-	int steps = 0, GB, CG;
+	int steps = 0;
 
-	for (int g0 = 0; g0 < G; g0 += G == 2 ? 2 : G == 1 ? 1 : 4) {
-		int tb = score_tb(G - g0 < 4 ? G - g0 : 4);
+	for (int g0 = 0; g0 < G; g0 += 4) {
+		const int rest = G - g0, tb = score_tb(rest), cg = out_cg(rest);
 
 		steps += (n + tb - 1) / tb;
-	}
-	acc_shape(G, &GB, &CG);
-	for (int g0 = 0; g0 < G; g0 += GB)
-		for (int c0 = 0; c0 < NC; c0 += part_chunks(NC, c0, CG))
+		for (int c0 = 0; c0 < NC; c0 += part_chunks(NC, c0, cg))
 			steps += (n + ACC_STEP - 1) / ACC_STEP;
+	}
 	return steps;
 }
 
@@ -395,19 +438,13 @@ AI void head_block(const struct kva__tile *t, const struct kva__rows *bk, struct
 
 	if (dt == KVA_FP8_E4M3 || dt == KVA_INT8)
 		kva__scales_at(t, tb, bk->n, t->kv_head, ks, vs);
-	if (G == 1) {
-		score_heads(t, bk, pf, hoff, 0, s, dt, NC, 12, 1);
-	} else if (G == 2) {
-		score_heads(t, bk, pf, hoff, 0, s, dt, NC, 6, 2);
-	} else {
-		for (int g0 = 0; g0 < G; g0 += 4)
-			if (G - g0 >= 3)
-				score_heads(t, bk, pf, hoff, g0, s, dt, NC, 3, 4);
-			else if (G - g0 == 2)
-				score_heads(t, bk, pf, hoff, g0, s, dt, NC, 6, 2);
-			else
-				score_heads(t, bk, pf, hoff, g0, s, dt, NC, 12, 1);
-	}
+	for (int g0 = 0; g0 < G; g0 += 4)
+		if (G - g0 >= 3)
+			score_heads(t, bk, pf, hoff, g0, s, dt, NC, 3, 4);
+		else if (G - g0 == 2)
+			score_heads(t, bk, pf, hoff, g0, s, dt, NC, 6, 2);
+		else
+			score_heads(t, bk, pf, hoff, g0, s, dt, NC, 12, 1);
 
 	for (int g = 0; g < G; g++) {
 		__m256 sv[KVA__BLOCK_TOKENS / 8], mv = _mm256_set1_ps(-INFINITY), psum;
@@ -451,12 +488,7 @@ AI void head_block(const struct kva__tile *t, const struct kva__rows *bk, struct
 	}
 
 	/* 8 accumulators for one or two heads (memory bounds them), 12 for more */
-	if (G == 1)
-		accumulate(t, bk, hoff, pf, s, dt, NC, 1, 8);
-	else if (G == 2)
-		accumulate(t, bk, hoff, pf, s, dt, NC, 2, 4);
-	else
-		accumulate(t, bk, hoff, pf, s, dt, NC, 4, 3);
+	accumulate(t, bk, hoff, pf, s, dt, NC);
 }
 
 AI void tile(const struct kva__tile *t, const enum kva_dtype dt, int NC)

@@ -156,6 +156,8 @@ AI void score16(const struct kva__tile *t, const struct kva__rows *bk, struct kv
 		kva__pf_step(pf);
 	if (nt == TB && ng == GB)
 		score_body(t, bk, hoff, i, g0, s, dt, NC, GB, TB, GB);
+	else if (nt == TB && GB == 4 && ng == 3) /* a group's last three heads */
+		score_body(t, bk, hoff, i, g0, s, dt, NC, GB, TB, 3);
 	else
 		score_tail(t, bk, hoff, i, g0, s, dt, NC, GB, nt, ng);
 }
@@ -202,7 +204,8 @@ AI void accumulate_body(const struct kva__tile *t, const struct kva__rows *bk, s
 					 acc[gg * CG + cc]);
 }
 
-/* one part: GB heads x CG chunks (constants when whole) */
+/* one part: GB heads x CG chunks, or the group's last 1-3 heads x CG
+ * (constants when CG chunks are left; the tail's loops took 2-3x longer) */
 static __attribute__((noinline)) void accumulate_tail(const struct kva__tile *t,
 						      const struct kva__rows *bk, size_t hoff,
 						      struct kva__pf *pf,
@@ -220,10 +223,16 @@ AI void accumulate_part(const struct kva__tile *t, const struct kva__rows *bk, s
 	const int ng = t->group - g0 < GB ? t->group - g0 : GB;
 	const int nc = NC - c0 < CG ? NC - c0 : CG;
 
-	if (ng == GB && nc == CG)
-		accumulate_body(t, bk, hoff, pf, s, g0, c0, dt, NC, CG, GB, CG);
-	else
+	if (nc != CG)
 		accumulate_tail(t, bk, hoff, pf, s, g0, c0, dt, NC, CG, ng, nc);
+	else if (ng == GB)
+		accumulate_body(t, bk, hoff, pf, s, g0, c0, dt, NC, CG, GB, CG);
+	else if (ng == 3) /* a group's last heads, fewer than GB: constants too */
+		accumulate_body(t, bk, hoff, pf, s, g0, c0, dt, NC, CG, 3, CG);
+	else if (ng == 2)
+		accumulate_body(t, bk, hoff, pf, s, g0, c0, dt, NC, CG, 2, CG);
+	else
+		accumulate_body(t, bk, hoff, pf, s, g0, c0, dt, NC, CG, 1, CG);
 }
 
 /* every part takes a prefetch step every ACC_STEP V rows */
@@ -307,17 +316,31 @@ AI void head_block(const struct kva__tile *t, const struct kva__rows *bk,
 	if (dt == KVA_FP8_E4M3 || dt == KVA_INT8)
 		kva__scales_at(t, tb, bk->n, t->kv_head, ks, vs);
 
-	/* scores: 16 tokens x 1 head, 8 x 2 or 4 x 4 at a time */
-	if (G == 1)
+	/*
+	 * scores: 16 tokens x 1 head, 8 x 2 or 4 x 4 at a time; past 4 heads,
+	 * 4 x 4 for each four (a last three as 4 x 3), and a last one or two
+	 * heads as a group of one or two is scored. The prefetch steps go with
+	 * the first loop (g0 == 0), whose length head_steps() counts.
+	 */
+	if (G == 1) {
 		for (int i = 0; i < bk->n; i += 16)
 			score16(t, bk, pf, hoff, i, 0, s, dt, NC, 16, 1);
-	else if (G == 2)
+	} else if (G == 2) {
 		for (int i = 0; i < bk->n; i += 8)
 			score16(t, bk, pf, hoff, i, 0, s, dt, NC, 8, 2);
-	else
+	} else {
+		const int rest = G % 4 == 3 ? 0 : G % 4;
+
 		for (int i = 0; i < bk->n; i += 4)
-			for (int g0 = 0; g0 < G; g0 += 4)
+			for (int g0 = 0; g0 < G - rest; g0 += 4)
 				score16(t, bk, pf, hoff, i, g0, s, dt, NC, 4, 4);
+		if (rest == 1)
+			for (int i = 0; i < bk->n; i += 16)
+				score16(t, bk, pf, hoff, i, G - 1, s, dt, NC, 16, 1);
+		else if (rest == 2)
+			for (int i = 0; i < bk->n; i += 8)
+				score16(t, bk, pf, hoff, i, G - 2, s, dt, NC, 8, 2);
+	}
 
 	/* fold the block's scores, times the K scales, into each head's
 	 * running state; s becomes p * (V scale), ready for accumulate() */

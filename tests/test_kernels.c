@@ -382,9 +382,33 @@ static void test_every_dtype_and_head_dim_matches_the_reference(void **state)
 		}
 }
 
+/*
+ * Groups that are not a multiple of four: the vector tiles take four heads
+ * at a time and the last 1-3 in shapes of their own (scores and output),
+ * so every dtype and head_dim goes through each of those shapes here.
+ */
+static void test_every_group_remainder_every_dtype_and_head_dim(void **state)
+{
+	static const enum kva_dtype dts[] = { KVA_F32, KVA_F16, KVA_BF16, KVA_FP8_E4M3, KVA_INT8 };
+	static const int32_t dims[] = { 64, 80, 96, 128, 256 };
+	static const int32_t groups[] = { 3, 5, 6, 7 };
+	static const int32_t lens[] = { 1, 17, 49, 100 };
+
+	(void)state;
+	for (unsigned i = 0; i < sizeof(dts) / sizeof(dts[0]); i++)
+		for (unsigned j = 0; j < sizeof(dims) / sizeof(dims[0]); j++)
+			for (unsigned g = 0; g < sizeof(groups) / sizeof(groups[0]); g++) {
+				struct run r = { .dt = dts[i], .heads = 2, .group = groups[g],
+						 .dim = dims[j], .page_size = 16, .lens = lens,
+						 .n = 4, .q_amp = 1, .tol = tolerance(dts[i]) };
+
+				check_run(&r, 1000 + 100 * i + 10 * j + g);
+			}
+}
+
 static void test_gqa_and_mqa_groups(void **state)
 {
-	static const int32_t groups[] = { 1, 2, 3, 4, 8, 16 };
+	static const int32_t groups[] = { 1, 2, 3, 4, 5, 6, 7, 8, 9, 10, 11, 12, 16 };
 	static const int32_t lens[] = { 33, 64, 1, 70 };
 
 	(void)state;
@@ -1077,6 +1101,7 @@ int main(void)
 	const struct CMUnitTest tests[] = {
 		cmocka_unit_test(test_every_dtype_and_head_dim_matches_the_reference),
 		cmocka_unit_test(test_gqa_and_mqa_groups),
+		cmocka_unit_test(test_every_group_remainder_every_dtype_and_head_dim),
 		cmocka_unit_test(test_page_sizes_and_lengths_around_boundaries),
 		cmocka_unit_test(test_split_boundaries_and_split_invariance),
 		cmocka_unit_test(test_thread_count_changes_nothing),
