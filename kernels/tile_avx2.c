@@ -383,7 +383,7 @@ AI void accumulate_heads(const struct kva__tile *t, const struct kva__rows *bk, 
  * chunks), and whatever is left at the end as a group of that size would
  * be: three as four, two as 2 x 6 and 2 x 4, one as 12 x 1 and 1 x 8. So a
  * group of 5, 6 or 7 runs a group of 4's code and then a group of 1, 2 or
- * 3's, and none of them the shared tails (which took 2-3x longer).
+ * 3's, and none of them the shared tails' loops over run-time counts.
  */
 static inline int score_tb(int rest)
 {

@@ -204,8 +204,9 @@ AI void accumulate_body(const struct kva__tile *t, const struct kva__rows *bk, s
 					 acc[gg * CG + cc]);
 }
 
-/* one part: GB heads x CG chunks, or the group's last 1-3 heads x CG
- * (constants when CG chunks are left; the tail's loops took 2-3x longer) */
+/* one part whose chunk count is not CG (an odd head_dim): loops over
+ * run-time counts; every other part, the group's last 1-3 heads included,
+ * is a body with constant counts (accumulate_part) */
 static __attribute__((noinline)) void accumulate_tail(const struct kva__tile *t,
 						      const struct kva__rows *bk, size_t hoff,
 						      struct kva__pf *pf,
