@@ -126,7 +126,10 @@ AI void score_body(const struct kva__tile *t, const struct kva__rows *bk, size_t
 		kr[tt] = bk->k[i + tt] + hoff;
 	for (int c = 0; c < NC; c++) {
 		if (GB >= 3 || ng > 2) {
-			/* the tokens' K chunks in registers, q from memory */
+			/* the tokens' K chunks in registers, q from memory
+			 * (ng > 2 implies GB >= 3; said for the shared tail's
+			 * instance, where GB is not a constant, so that the
+			 * compiler sees qv[2] below indexed below 2) */
 			__m256 kc[3];
 
 			for (int tt = 0; tt < nt; tt++)

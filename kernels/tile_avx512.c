@@ -228,12 +228,16 @@ AI void accumulate_part(const struct kva__tile *t, const struct kva__rows *bk, s
 		accumulate_tail(t, bk, hoff, pf, s, g0, c0, dt, NC, CG, ng, nc);
 	else if (ng == GB)
 		accumulate_body(t, bk, hoff, pf, s, g0, c0, dt, NC, CG, GB, CG);
-	else if (ng == 3) /* a group's last heads, fewer than GB: constants too */
+	/* a group's last heads, fewer than GB: constants too (each test names
+	 * GB, so that no instance is made for more heads than GB x CG holds) */
+	else if (GB > 3 && ng == 3)
 		accumulate_body(t, bk, hoff, pf, s, g0, c0, dt, NC, CG, 3, CG);
-	else if (ng == 2)
+	else if (GB > 2 && ng == 2)
 		accumulate_body(t, bk, hoff, pf, s, g0, c0, dt, NC, CG, 2, CG);
-	else
+	else if (GB > 1 && ng == 1)
 		accumulate_body(t, bk, hoff, pf, s, g0, c0, dt, NC, CG, 1, CG);
+	else
+		accumulate_tail(t, bk, hoff, pf, s, g0, c0, dt, NC, CG, ng, nc);
 }
 
 /* every part takes a prefetch step every ACC_STEP V rows */
