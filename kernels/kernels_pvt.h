@@ -10,12 +10,14 @@
  * (decode_math.h) and normalises.
  *
  * A span is every KV head unless the batch has too few splits to keep the
- * threads busy. One token's heads lie side by side in a page (token_stride
- * = num_kv_heads x head_dim in the arena's layouts), so a tile over all of
- * them streams its pages whole, where a tile per head reads 256-byte pieces
- * at a 2 KiB stride and leaves the rest of every DRAM row and TLB entry to
- * seven other tiles. Each head is computed alone, in the same order whatever
- * the span: the result does not depend on how heads were grouped.
+ * threads busy. The arena's pages are HND, [kv_head][token][head_dim]: a
+ * head's rows of a page are one piece (4 KiB: 16 tokens, f16, head_dim 128)
+ * and the heads' pieces lie end to end, so a tile over all of them reads
+ * each page whole (the prefetch cursor below walks it in address order),
+ * where a tile per head reads one piece of each page and leaves the rest of
+ * every DRAM row to seven other tiles. Each head is computed alone, in the
+ * same order whatever the span: the result does not depend on how heads
+ * were grouped.
  */
 #ifndef KVA_KERNELS_PVT_H
 #define KVA_KERNELS_PVT_H
@@ -186,34 +188,43 @@ static inline void kva__scales_at(const struct kva__tile *t, int32_t tb, int n, 
 /*
  * Prefetching the next block while this one is computed, spread over the
  * loops that compute it (a burst of a whole block's prefetches stalls on
- * the line fill buffers) and in address order across the span's heads:
- * the K rows token by token and head by head, then the V rows, so that a
- * span of all heads reads each page's K and V front to back, as DRAM rows
- * and the hardware prefetchers like.  Every line, into L2 (hint 2, T1):
- * L1 cannot hold a block, and L2 to L1 is what out-of-order execution
- * hides; measured on Zen 4 with one thread, T1 gave 0.75 of the read
- * ceiling where T0 gave 0.52 and NTA 0.49.
+ * the line fill buffers) and in address order, K then V: in the arena's
+ * HND pages ([head][token][dim]) a head's rows of a page lie end to end,
+ * so the cursor takes one head's rows of a page as one run (4 KiB: f16,
+ * head_dim 128) and the span's heads one after another, each page front to
+ * back, as DRAM rows and the hardware prefetchers like; in NHD pages a
+ * token's heads lie end to end instead, and it takes tokens in order.
+ * Every line, into L2 (hint 2, T1): L1 cannot hold a block, and L2 to L1
+ * is what out-of-order execution hides; measured on Zen 4 with one thread,
+ * T1 gave 0.75 of the read ceiling where T0 gave 0.52 and NTA 0.49. On
+ * another Zen 4 host, with twice the read bandwidth a core, T0 read
+ * 1.1-1.2x more than T1, with this order or the one before it: the hint
+ * stays T1, whose loss there is smaller than T0's was on the first.
  */
 struct kva__pf {
 	const char *p;              /* the next line of the current run to ask for, */
 	int left;                   /* and how many of its lines are left */
 	const struct kva__rows *nx;
-	size_t hstride, run;        /* bytes from one head's row to the next's; of a run */
-	size_t tok;                 /* bytes from one token's row to the next's in a page */
-	int runs, per;              /* runs a token has (heads, or 1 if they are one run);
-				     * lines a step asks for */
+	size_t hstride, row, tok;   /* bytes from one head's row to the next's, of a
+				     * run's piece (a row, or all the heads' of a
+				     * token), from one token's row to the next's */
+	int runs, per;              /* pieces a token has (heads, or 1 if they are
+				     * one); lines a step asks for */
+	bool head_major;            /* a head's rows lie before the next head's (HND) */
 	int part, j, h;             /* the next run: K (0) or V (1), token, head */
+	int j0, j1;                 /* tokens [j0, j1): rows one token stride apart */
 };
 
 /*
- * A run is what the cursor reads front to back: one head's row of a token,
- * or all the span's heads' rows of it when they lie end to end (a head's
- * row as long as the head stride: NHD pages; in the arena's own HND pages
- * a head's rows lie end to end instead, and a run is one head's row), so
- * that the cursor's work is a count and an add a line, not a row's address
- * worked out again every four lines: at group 4 the cursor runs between
- * every few tokens' FMAs, and its own instructions showed in the tile's
- * profile (README "Current figures" has what the change gave).
+ * A run is what the cursor reads front to back, so that its work is a count
+ * and an add a line, not a row's address worked out again every four lines
+ * (at group 4 the cursor runs between every few tokens' FMAs, and its own
+ * instructions showed in the tile's profile): one head's rows of the
+ * tokens of a page where they lie end to end (HND), all the heads' rows of
+ * them where a token's heads lie end to end and so do the tokens (NHD),
+ * else a row. Taking HND's rows token by token, each head in turn, jumped
+ * 4 KiB every 256 bytes; in address order group 1 reads 1.1-1.4x faster
+ * on one thread of Zen 4, on both vector paths (README "Current figures").
  */
 static inline void kva__pf_begin(struct kva__pf *pf, const struct kva__tile *t,
 				 const struct kva__rows *nx, size_t row_bytes, int steps)
@@ -224,14 +235,59 @@ static inline void kva__pf_begin(struct kva__pf *pf, const struct kva__tile *t,
 	pf->hstride = kva__head_offset(t->kv, 1);
 	pf->tok = (size_t)t->kv->token_stride * kva__esize(t->kv->dtype);
 	pf->runs = pf->hstride == row_bytes ? 1 : t->heads;
-	pf->run = pf->runs == 1 ? row_bytes * (size_t)t->heads : row_bytes;
-	/* a run not on a line boundary touches one line more */
-	lines = (size_t)(2 * nx->n * pf->runs) * ((pf->run + 63) / 64 + 1);
+	pf->row = pf->runs == 1 ? row_bytes * (size_t)t->heads : row_bytes;
+	pf->head_major = pf->runs > 1 && pf->hstride > pf->tok;
+	/* at most a run a row, and a run not on a line boundary touches one
+	 * line more */
+	lines = (size_t)(2 * nx->n * pf->runs) * ((pf->row + 63) / 64 + 1);
 	pf->per = steps > 0 ? (int)((lines + (size_t)steps - 1) / (size_t)steps) : (int)lines;
 	pf->part = nx->n ? 0 : 2;
-	pf->j = pf->h = 0;
+	pf->j = pf->h = pf->j0 = pf->j1 = 0;
 	pf->p = NULL;
 	pf->left = 0;
+}
+
+/* the next run's first byte and length; the cursor moved past it */
+static inline uintptr_t kva__pf_run(struct kva__pf *pf, size_t *len)
+{
+	const char *const *row = pf->part ? pf->nx->v : pf->nx->k;
+	const bool whole = pf->tok == pf->row; /* the segment's pieces end to end */
+	uintptr_t r;
+
+	if (pf->j == pf->j1) { /* a new segment: the tokens one stride apart */
+		pf->j0 = pf->j;
+		for (pf->j1 = pf->j + 1; pf->j1 < pf->nx->n &&
+					 row[pf->j1] == row[pf->j1 - 1] + pf->tok;
+		     pf->j1++)
+			;
+	}
+	r = (uintptr_t)row[pf->j] + (size_t)pf->h * pf->hstride;
+	if (whole) { /* head h's rows of the segment (or all heads' if runs == 1) */
+		*len = pf->row * (size_t)(pf->j1 - pf->j0);
+		if (++pf->h == pf->runs) {
+			pf->h = 0;
+			pf->j = pf->j1;
+		}
+	} else if (pf->head_major) { /* head by head, each token of the segment */
+		*len = pf->row;
+		if (++pf->j == pf->j1) {
+			if (++pf->h < pf->runs)
+				pf->j = pf->j0; /* the next head, the same tokens */
+			else
+				pf->h = 0;
+		}
+	} else { /* token by token, each head of the token */
+		*len = pf->row;
+		if (++pf->h == pf->runs) {
+			pf->h = 0;
+			pf->j++;
+		}
+	}
+	if (pf->j == pf->nx->n && pf->h == 0) {
+		pf->j = pf->j0 = pf->j1 = 0;
+		pf->part++;
+	}
+	return r;
 }
 
 /* @lines more lines (all that are left if @lines < 0) */
@@ -243,21 +299,14 @@ static inline void kva__pf_lines(struct kva__pf *pf, int lines)
 	for (; lines != 0; lines--, left--) {
 		if (!left) {
 			uintptr_t r;
+			size_t len;
 
 			if (pf->part >= 2)
 				break;
-			r = (uintptr_t)((pf->part ? pf->nx->v : pf->nx->k)[pf->j] +
-					pf->h * pf->hstride);
+			r = kva__pf_run(pf, &len);
 			/* from the line the run starts in to the one it ends in */
 			p = (const char *)(r & ~(uintptr_t)63);
-			left = (int)((r % 64 + pf->run + 63) / 64);
-			if (++pf->h == pf->runs) {
-				pf->h = 0;
-				if (++pf->j == pf->nx->n) {
-					pf->j = 0;
-					pf->part++;
-				}
-			}
+			left = (int)((r % 64 + len + 63) / 64);
 		}
 		__builtin_prefetch(p, 0, 2);
 		p += 64;
@@ -348,7 +397,7 @@ static inline void kva__pf_pages(const struct kva__pf *pf)
 				;
 			for (int h = 0; h < pf->runs; h++) {
 				uintptr_t a = (uintptr_t)row[i] + (size_t)h * pf->hstride;
-				uintptr_t end = (uintptr_t)row[j - 1] + (size_t)h * pf->hstride + pf->run;
+				uintptr_t end = (uintptr_t)row[j - 1] + (size_t)h * pf->hstride + pf->row;
 
 				for (; a < end; a = (a | (KVA__OS_PAGE - 1)) + 1)
 					__builtin_prefetch((const void *)a, 0, 2);

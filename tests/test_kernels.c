@@ -22,6 +22,7 @@
 #include <cmocka.h>
 
 #include "decode_math.h"
+#include "kernels_pvt.h"
 #include "kvarena.h"
 #include "testutil.h"
 
@@ -610,6 +611,115 @@ static void test_strides_nhd_hnd_and_padding(void **state)
 		}
 }
 
+/* ------------------------------------------------- the prefetch cursor */
+
+/*
+ * The cursor that prefetches a tile's next block (kernels_pvt.h) reads what
+ * the block reads and nothing else: every byte of every span head's K and V
+ * row of each token once, no run over another, in address order within
+ * each page (a head's rows, then the next head's, in HND; the tokens in
+ * order in NHD), and in no more lines than the steps it was given ask for.
+ */
+static void check_cursor(const struct cache *c, const int32_t *pages, int32_t t0, int32_t t1,
+			 int32_t kv_head, int32_t heads, int steps)
+{
+	const struct kva_kv_desc *kv = &c->kv;
+	const size_t esize = kva_dtype_size(kv->dtype), row = (size_t)kv->head_dim * esize;
+	const struct kva__tile t = { .kv = kv, .pages = pages, .t0 = t0, .t1 = t1,
+				     .kv_head = kv_head, .heads = heads, .group = 1 };
+	const size_t page_bytes = (size_t)kv->page_stride * esize;
+
+	for (int32_t tb = t0; tb < t1; tb += KVA__BLOCK_TOKENS) {
+		struct kva__rows rows;
+		struct kva__pf pf;
+		size_t lines = 0, want = 0, got = 0;
+		uintptr_t last[2][64];
+		int nruns = 0;
+
+		kva__rows_at(&t, tb, &rows);
+		kva__pf_begin(&pf, &t, &rows, row, steps);
+		memset(last, 0, sizeof(last));
+		for (int part = 0; part < 2; part++)
+			want += (size_t)rows.n * (size_t)heads * row;
+		while (pf.part < 2) {
+			const int part = pf.part;
+			const char *base = part ? c->v : c->k;
+			size_t len;
+			uintptr_t r = kva__pf_run(&pf, &len);
+			/* the run lies in one page of the block, within rows it reads */
+			size_t at = (size_t)(r - (uintptr_t)base);
+			int32_t pg = (int32_t)(at / page_bytes), i;
+
+			assert_true(len > 0 && pg < kv->num_pages);
+			for (i = 0; i < rows.n && pages[(tb + i) / kv->page_size] != pg; i++)
+				;
+			assert_true(i < rows.n); /* a page of the block */
+			for (size_t b = 0; b < len; b += row) {
+				/* each row of the run is a span head's row of a token */
+				const char *p = (const char *)r + b;
+				bool found = false;
+
+				for (int j = 0; j < rows.n && !found; j++)
+					for (int h = 0; h < heads && !found; h++)
+						found = p == (part ? rows.v : rows.k)[j] +
+								     kva__head_offset(kv, h);
+				assert_true(found);
+			}
+			assert_true(len % row == 0);
+			/* address order within a page: each run past the one before */
+			assert_true(pg < 64);
+			assert_true(r >= last[part][pg]);
+			last[part][pg] = r + len;
+			got += len;
+			lines += (r % 64 + len + 63) / 64;
+			nruns++;
+			assert_true(nruns <= 2 * rows.n * heads);
+		}
+		/* every byte once: the rows are distinct, each run's rows are
+		 * rows of the block, and no run starts before the last ended */
+		assert_int_equal(got, want);
+		assert_true(lines <= (size_t)pf.per * (size_t)steps);
+	}
+}
+
+static void test_prefetch_cursor_reads_the_block_in_address_order(void **state)
+{
+	static const enum order orders[] = { HND, NHD };
+	static const int32_t pads[] = { 0, 8, 32 }, page_sizes[] = { 16, 32, 5, 1 };
+	static const enum kva_dtype dts[] = { KVA_F16, KVA_F32, KVA_INT8 };
+	uint64_t rng = 0x9e3779b97f4a7c15ull;
+
+	(void)state;
+	for (unsigned o = 0; o < 2; o++)
+		for (unsigned p = 0; p < 3; p++)
+			for (unsigned z = 0; z < 4; z++)
+				for (unsigned d = 0; d < 3; d++) {
+					const int32_t ps = page_sizes[z], npages = 64;
+					int32_t pages[64], perm[64];
+					struct cache c;
+
+					cache_make(&c, dts[d], npages, ps, 8, 128, orders[o], pads[p]);
+					for (int32_t i = 0; i < npages; i++)
+						perm[i] = i;
+					for (int32_t i = npages / 2 - 1; i > 0; i--) {
+						int32_t j = (int32_t)(tu_rand(&rng) % (uint64_t)(i + 1)),
+							x = perm[i];
+
+						perm[i] = perm[j];
+						perm[j] = x;
+					}
+					/* scattered pages, then a run of neighbours */
+					for (int32_t i = 0; i < npages; i++)
+						pages[i] = i < npages / 2 ? perm[i] : i;
+					/* all heads, a span in the middle, one head; a
+					 * block cut short; a tile from a later page */
+					check_cursor(&c, pages, 0, ps * 12 < 100 ? ps * 12 : 100, 0, 8, 40);
+					check_cursor(&c, pages, ps, ps + 47, 2, 3, 7);
+					check_cursor(&c, pages + npages / 2 - 2, 0, 3 * ps + 1, 5, 1, 1);
+					cache_free(&c);
+				}
+}
+
 static void test_large_logits_stay_finite_and_exact(void **state)
 {
 	static const int32_t lens[] = { 300, 50 };
@@ -1108,6 +1218,7 @@ int main(void)
 		cmocka_unit_test(test_head_spans_change_nothing),
 		cmocka_unit_test(test_long_context_past_16k),
 		cmocka_unit_test(test_strides_nhd_hnd_and_padding),
+		cmocka_unit_test(test_prefetch_cursor_reads_the_block_in_address_order),
 		cmocka_unit_test(test_large_logits_stay_finite_and_exact),
 		cmocka_unit_test(test_empty_sequence_gives_zero_and_minus_inf_lse),
 		cmocka_unit_test(test_half_precision_queries_and_outputs),
