@@ -197,9 +197,9 @@ static inline void kva__scales_at(const struct kva__tile *t, int32_t tb, int n, 
  * Every line, into L2 (hint 2, T1): L1 cannot hold a block, and L2 to L1
  * is what out-of-order execution hides; measured on Zen 4 with one thread,
  * T1 gave 0.75 of the read ceiling where T0 gave 0.52 and NTA 0.49. On
- * another Zen 4 host, with twice the read bandwidth a core, T0 read
+ * Zen 5 (family 26), with twice the read bandwidth a core, T0 read
  * 1.1-1.2x more than T1, with this order or the one before it: the hint
- * stays T1, whose loss there is smaller than T0's was on the first.
+ * stays T1, whose loss there is smaller than T0's on Zen 4.
  */
 struct kva__pf {
 	const char *p;              /* the next line of the current run to ask for, */
@@ -224,7 +224,7 @@ struct kva__pf {
  * them where a token's heads lie end to end and so do the tokens (NHD),
  * else a row. Taking HND's rows token by token, each head in turn, jumped
  * 4 KiB every 256 bytes; in address order group 1 reads 1.1-1.4x faster
- * on one thread of Zen 4, on both vector paths (README "Current figures").
+ * on one thread of Zen 5, on both vector paths (README "Current figures").
  */
 static inline void kva__pf_begin(struct kva__pf *pf, const struct kva__tile *t,
 				 const struct kva__rows *nx, size_t row_bytes, int steps)
@@ -256,10 +256,10 @@ static inline uintptr_t kva__pf_run(struct kva__pf *pf, size_t *len)
 
 	if (pf->j == pf->j1) { /* a new segment: the tokens one stride apart */
 		pf->j0 = pf->j;
-		for (pf->j1 = pf->j + 1; pf->j1 < pf->nx->n &&
-					 row[pf->j1] == row[pf->j1 - 1] + pf->tok;
-		     pf->j1++)
-			;
+		pf->j1 = pf->j + 1;
+		while (pf->j1 < pf->nx->n &&
+		       (uintptr_t)row[pf->j1] == (uintptr_t)row[pf->j1 - 1] + pf->tok)
+			pf->j1++;
 	}
 	r = (uintptr_t)row[pf->j] + (size_t)pf->h * pf->hstride;
 	if (whole) { /* head h's rows of the segment (or all heads' if runs == 1) */
