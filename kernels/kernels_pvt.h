@@ -197,9 +197,10 @@ static inline void kva__scales_at(const struct kva__tile *t, int32_t tb, int n, 
  * Every line, into L2 (hint 2, T1): L1 cannot hold a block, and L2 to L1
  * is what out-of-order execution hides; measured on Zen 4 with one thread,
  * T1 gave 0.75 of the read ceiling where T0 gave 0.52 and NTA 0.49. On
- * Zen 5 (family 26), with twice the read bandwidth a core, T0 read
- * 1.1-1.2x more than T1, with this order or the one before it: the hint
- * stays T1, whose loss there is smaller than T0's on Zen 4.
+ * Zen 5 (family 26), with twice the read bandwidth a core, T0 read up
+ * to 1.1-1.2x more than T1 (avx2 on one thread; both paths on two at
+ * group 1; not at group 4 on avx512), with this order or the one before:
+ * the hint stays T1, whose loss there is smaller than T0's on Zen 4.
  */
 struct kva__pf {
 	const char *p;              /* the next line of the current run to ask for, */
@@ -210,7 +211,9 @@ struct kva__pf {
 				     * token), from one token's row to the next's */
 	int runs, per;              /* pieces a token has (heads, or 1 if they are
 				     * one); lines a step asks for */
-	bool head_major;            /* a head's rows lie before the next head's (HND) */
+	bool head_major;            /* heads outer, tokens inner: a head's rows lie
+				     * before the next head's (HND), or a
+				     * segment's pieces lie end to end */
 	int part, j, h;             /* the next run: K (0) or V (1), token, head */
 	int j0, j1;                 /* tokens [j0, j1): rows one token stride apart */
 };
@@ -236,7 +239,9 @@ static inline void kva__pf_begin(struct kva__pf *pf, const struct kva__tile *t,
 	pf->tok = (size_t)t->kv->token_stride * kva__esize(t->kv->dtype);
 	pf->runs = pf->hstride == row_bytes ? 1 : t->heads;
 	pf->row = pf->runs == 1 ? row_bytes * (size_t)t->heads : row_bytes;
-	pf->head_major = pf->runs > 1 && pf->hstride > pf->tok;
+	/* rows end to end (a whole segment a run) count as head-major too:
+	 * with runs == 1 that is NHD's one run a segment */
+	pf->head_major = pf->tok == pf->row || (pf->runs > 1 && pf->hstride > pf->tok);
 	/* at most a run a row, and a run not on a line boundary touches one
 	 * line more */
 	lines = (size_t)(2 * nx->n * pf->runs) * ((pf->row + 63) / 64 + 1);
@@ -247,30 +252,35 @@ static inline void kva__pf_begin(struct kva__pf *pf, const struct kva__tile *t,
 	pf->left = 0;
 }
 
+/* the end of the segment from row @i: the first j > i whose row is not one
+ * token stride (@tok bytes) past the one before (a page's tokens, or more) */
+static inline int kva__rows_segment(const char *const *row, int i, int n, size_t tok)
+{
+	int j = i + 1;
+
+	while (j < n && (uintptr_t)row[j] == (uintptr_t)row[j - 1] + tok)
+		j++;
+	return j;
+}
+
 /* the next run's first byte and length; the cursor moved past it */
 static inline uintptr_t kva__pf_run(struct kva__pf *pf, size_t *len)
 {
 	const char *const *row = pf->part ? pf->nx->v : pf->nx->k;
-	const bool whole = pf->tok == pf->row; /* the segment's pieces end to end */
 	uintptr_t r;
 
-	if (pf->j == pf->j1) { /* a new segment: the tokens one stride apart */
+	if (pf->j == pf->j1) { /* a new segment */
 		pf->j0 = pf->j;
-		pf->j1 = pf->j + 1;
-		while (pf->j1 < pf->nx->n &&
-		       (uintptr_t)row[pf->j1] == (uintptr_t)row[pf->j1 - 1] + pf->tok)
-			pf->j1++;
+		pf->j1 = kva__rows_segment(row, pf->j, pf->nx->n, pf->tok);
 	}
 	r = (uintptr_t)row[pf->j] + (size_t)pf->h * pf->hstride;
-	if (whole) { /* head h's rows of the segment (or all heads' if runs == 1) */
-		*len = pf->row * (size_t)(pf->j1 - pf->j0);
-		if (++pf->h == pf->runs) {
-			pf->h = 0;
-			pf->j = pf->j1;
-		}
-	} else if (pf->head_major) { /* head by head, each token of the segment */
-		*len = pf->row;
-		if (++pf->j == pf->j1) {
+	if (pf->head_major) {
+		/* head by head over the segment's tokens: all of them as one
+		 * run where they lie end to end, else a row at a time */
+		const int n = pf->tok == pf->row ? pf->j1 - pf->j : 1;
+
+		*len = pf->row * (size_t)n;
+		if ((pf->j += n) == pf->j1) {
 			if (++pf->h < pf->runs)
 				pf->j = pf->j0; /* the next head, the same tokens */
 			else
@@ -391,10 +401,8 @@ static inline void kva__pf_pages(const struct kva__pf *pf)
 		const char *const *row = part ? r->v : r->k;
 
 		for (int i = 0, j; i < r->n; i = j) {
-			for (j = i + 1; j < r->n && pf->tok <= KVA__OS_PAGE &&
-					(uintptr_t)row[j] == (uintptr_t)row[j - 1] + pf->tok;
-			     j++)
-				;
+			j = pf->tok <= KVA__OS_PAGE ? kva__rows_segment(row, i, r->n, pf->tok)
+						    : i + 1;
 			for (int h = 0; h < pf->runs; h++) {
 				uintptr_t a = (uintptr_t)row[i] + (size_t)h * pf->hstride;
 				uintptr_t end = (uintptr_t)row[j - 1] + (size_t)h * pf->hstride + pf->row;
