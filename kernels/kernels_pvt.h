@@ -186,9 +186,10 @@ static inline void kva__scales_at(const struct kva__tile *t, int32_t tb, int n, 
 }
 
 /*
- * Prefetching the next block while this one is computed, spread over the
- * loops that compute it (a burst of a whole block's prefetches stalls on
- * the line fill buffers) and in address order, K then V: in the arena's
+ * Prefetching the next block (or a head's next turn at one, see the block
+ * loop below) while this one is computed, spread over the loops that
+ * compute it (a burst of a whole block's prefetches stalls on the line
+ * fill buffers) and in address order, K then V: in the arena's
  * HND pages ([head][token][dim]) a head's rows of a page lie end to end,
  * so the cursor takes one head's rows of a page as one run (4 KiB: f16,
  * head_dim 128) and the span's heads one after another, each page front to
@@ -216,6 +217,8 @@ struct kva__pf {
 				     * segment's pieces lie end to end */
 	int part, j, h;             /* the next run: K (0) or V (1), token, head */
 	int j0, j1;                 /* tokens [j0, j1): rows one token stride apart */
+	size_t base;                /* bytes from the rows' table to the first
+				     * head the cursor reads (kva__pf_begin_head) */
 };
 
 /*
@@ -250,6 +253,21 @@ static inline void kva__pf_begin(struct kva__pf *pf, const struct kva__tile *t,
 	pf->j = pf->h = pf->j0 = pf->j1 = 0;
 	pf->p = NULL;
 	pf->left = 0;
+	pf->base = 0;
+}
+
+/* the cursor on one head of @t's span, its @h-th, over the rows @nx of the
+ * span's first head: a head's turn at a block, where kva__pf_begin takes
+ * the whole span */
+static inline void kva__pf_begin_head(struct kva__pf *pf, const struct kva__tile *t,
+				      const struct kva__rows *nx, int32_t h, size_t row_bytes,
+				      int steps)
+{
+	struct kva__tile th;
+
+	kva__tile_head(t, h, &th);
+	kva__pf_begin(pf, &th, nx, row_bytes, steps);
+	pf->base = kva__head_offset(t->kv, h);
 }
 
 /* the end of the segment from row @i: the first j > i whose row is not one
@@ -273,7 +291,7 @@ static inline uintptr_t kva__pf_run(struct kva__pf *pf, size_t *len)
 		pf->j0 = pf->j;
 		pf->j1 = kva__rows_segment(row, pf->j, pf->nx->n, pf->tok);
 	}
-	r = (uintptr_t)row[pf->j] + (size_t)pf->h * pf->hstride;
+	r = (uintptr_t)row[pf->j] + pf->base + (size_t)pf->h * pf->hstride;
 	if (pf->head_major) {
 		/* head by head over the segment's tokens: all of them as one
 		 * run where they lie end to end, else a row at a time */
@@ -331,34 +349,55 @@ static inline void kva__pf_step(struct kva__pf *pf)
 }
 
 /*
- * The block loop of the vector tiles: block k computed while block k + 1 is
- * prefetched (by the cursor above, spread over k's loops). One block ahead:
- * a block of a whole span is 48 tokens x 8 heads x 512 bytes (f16, head_dim
- * 128) = 192 KiB, which takes longer to compute than memory takes to answer;
- * two ahead measured no better on either path at group 1 or 4 (Zen 4) and
- * hold twice the L2. Past a tile's last block the cursor runs over the next
- * tile's first (t->next), so that the next tile does not start cold; a warm
- * tile skips the prefetch of its own first block.
+ * The block loop of the vector tiles, in one of two distances:
  *
- *   kva__blocks_begin(&b, t, row_bytes, steps);
+ * - a block ahead (turns false): block k computed while block k + 1 is
+ *   prefetched (by the cursor above, spread over k's loops). A block of a
+ *   whole span is 48 tokens x 8 heads x 512 bytes (f16, head_dim 128) =
+ *   192 KiB, which takes longer to compute than memory takes to answer;
+ *   two ahead measured no better on either path at group 1 or 4 (Zen 4).
+ *
+ * - a head's turn ahead (turns true): while head h computes its turn at
+ *   block k, the cursor prefetches the turn that comes next: head h + 1's
+ *   rows of block k, or after the span's last head head 0's of block k + 1
+ *   (24 KiB at f16, head_dim 128: one head's K and V rows of 48 tokens).
+ *   The turn's rows are read in the order the next turn reads them, one
+ *   page's 4 KiB piece after another, and what is in flight is an eighth
+ *   of a block: on Zen 3 (512 KiB of L2) a block ahead kept 384 KiB of it
+ *   busy, and the V rows a turn read last were the ones it waited for.
+ *   With a span of one head the two are the same.
+ *
+ * Past a tile's last block (or turn) the cursor runs over the next tile's
+ * first (t->next), so that the next tile does not start cold; a warm tile
+ * skips the prefetch of its own first block (or turn), which the tile
+ * before asked for with the same distance (a thread's tiles all run the
+ * same kernel).
+ *
+ *   kva__blocks_begin(&b, t, row_bytes, steps, turns);
  *   for (tb = t->t0; tb < t->t1; tb += KVA__BLOCK_TOKENS) {
  *           bk = kva__blocks_next(&b, t, tb);
- *           ... every head's turn at bk, kva__pf_step(&b.pf) as it goes ...
- *           kva__pf_lines(&b.pf, -1);
+ *           for (h = 0; h < t->heads; h++) {
+ *                   kva__blocks_turn(&b, t, h);          (turns only)
+ *                   ... head h's turn at bk, kva__pf_step(&b.pf) as it goes ...
+ *                   kva__pf_lines(&b.pf, -1);            (turns only)
+ *           }
+ *           kva__pf_lines(&b.pf, -1);                    (a block ahead only)
  *   }
  *
- * @steps: the prefetch steps a block's loops take, over which the next
- * block's rows are spread. The tile's outputs (m, l, acc) start empty.
+ * @steps: the prefetch steps a block's (a turn's) loops take, over which
+ * the next block's (turn's) rows are spread. The tile's outputs (m, l,
+ * acc) start empty.
  */
 struct kva__blocks {
 	struct kva__rows rows[2], after;
 	struct kva__pf pf;
 	size_t row_bytes;
 	int steps, k;
+	bool turns;
 };
 
 static inline void kva__blocks_begin(struct kva__blocks *b, const struct kva__tile *t,
-				     size_t row_bytes, int steps)
+				     size_t row_bytes, int steps, bool turns)
 {
 	const int gq = t->heads * t->group;
 
@@ -370,11 +409,16 @@ static inline void kva__blocks_begin(struct kva__blocks *b, const struct kva__ti
 	b->row_bytes = row_bytes;
 	b->steps = steps;
 	b->k = 0;
+	b->turns = turns;
 	kva__rows_at(t, t->t0, &b->rows[0]);
 	if (!t->warm) { /* else the tile before asked for these */
-		kva__pf_begin(&b->pf, t, &b->rows[0], row_bytes, 1);
+		if (turns)
+			kva__pf_begin_head(&b->pf, t, &b->rows[0], 0, row_bytes, 1);
+		else
+			kva__pf_begin(&b->pf, t, &b->rows[0], row_bytes, 1);
 		kva__pf_lines(&b->pf, -1);
 	}
+	b->pf.part = 2; /* nothing more until the first block or turn sets it */
 }
 
 #define KVA__OS_PAGE 4096u /* the smallest page x86 maps: a TLB entry's reach */
@@ -404,8 +448,9 @@ static inline void kva__pf_pages(const struct kva__pf *pf)
 			j = pf->tok <= KVA__OS_PAGE ? kva__rows_segment(row, i, r->n, pf->tok)
 						    : i + 1;
 			for (int h = 0; h < pf->runs; h++) {
-				uintptr_t a = (uintptr_t)row[i] + (size_t)h * pf->hstride;
-				uintptr_t end = (uintptr_t)row[j - 1] + (size_t)h * pf->hstride + pf->row;
+				uintptr_t a = (uintptr_t)row[i] + pf->base + (size_t)h * pf->hstride;
+				uintptr_t end = (uintptr_t)row[j - 1] + pf->base +
+						(size_t)h * pf->hstride + pf->row;
 
 				for (; a < end; a = (a | (KVA__OS_PAGE - 1)) + 1)
 					__builtin_prefetch((const void *)a, 0, 2);
@@ -414,7 +459,8 @@ static inline void kva__pf_pages(const struct kva__pf *pf)
 	}
 }
 
-/* the rows of block @tb (the one after the last's), the cursor set on the next */
+/* the rows of block @tb (the one after the last's); a block ahead, the
+ * cursor set on the next */
 static inline const struct kva__rows *kva__blocks_next(struct kva__blocks *b,
 						       const struct kva__tile *t, int32_t tb)
 {
@@ -424,14 +470,38 @@ static inline const struct kva__rows *kva__blocks_next(struct kva__blocks *b,
 	b->k++;
 	/* n = 0 past the end, where the next tile's first block goes */
 	kva__rows_at(t, tb + KVA__BLOCK_TOKENS, nx);
-	if (!nx->n && t->next) {
+	if (!nx->n && t->next)
 		kva__rows_at(t->next, t->next->t0, &b->after);
+	if (b->turns)
+		return bk;
+	if (!nx->n && t->next)
 		kva__pf_begin(&b->pf, t->next, &b->after, b->row_bytes, b->steps);
-	} else {
+	else
 		kva__pf_begin(&b->pf, t, nx, b->row_bytes, b->steps);
-	}
 	kva__pf_pages(&b->pf);
 	return bk;
+}
+
+/*
+ * A head's turn ahead: the cursor set on the turn after head @h's at the
+ * block kva__blocks_next gave last: head h + 1's, else the next block's
+ * head 0, else the next tile's first block's head 0, else none.
+ */
+static inline void kva__blocks_turn(struct kva__blocks *b, const struct kva__tile *t, int32_t h)
+{
+	const struct kva__rows *bk = &b->rows[(b->k + 1) % 2], *nx = &b->rows[b->k % 2];
+
+	if (h + 1 < t->heads)
+		kva__pf_begin_head(&b->pf, t, bk, h + 1, b->row_bytes, b->steps);
+	else if (nx->n)
+		kva__pf_begin_head(&b->pf, t, nx, 0, b->row_bytes, b->steps);
+	else if (t->next)
+		kva__pf_begin_head(&b->pf, t->next, &b->after, 0, b->row_bytes, b->steps);
+	else {
+		b->pf.part = 2;
+		return;
+	}
+	kva__pf_pages(&b->pf);
 }
 
 /* decode.c: argument checks shared with the CUDA entry points */

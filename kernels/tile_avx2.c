@@ -499,17 +499,19 @@ AI void tile(const struct kva__tile *t, const enum kva_dtype dt, int NC)
 	const size_t row_bytes = (size_t)NC * 8 * kva__esize(dt);
 	struct kva__blocks b;
 
-	kva__blocks_begin(&b, t, row_bytes, t->heads * head_steps(t->group, NC, KVA__BLOCK_TOKENS));
+	/* a head's turn ahead (kernels_pvt.h) */
+	kva__blocks_begin(&b, t, row_bytes, head_steps(t->group, NC, KVA__BLOCK_TOKENS), true);
 	for (int32_t tb = t->t0; tb < t->t1; tb += KVA__BLOCK_TOKENS) {
 		const struct kva__rows *bk = kva__blocks_next(&b, t, tb);
 
 		for (int h = 0; h < t->heads; h++) {
 			struct kva__tile th;
 
+			kva__blocks_turn(&b, t, h);
 			kva__tile_head(t, h, &th);
 			head_block(&th, bk, &b.pf, tb, kva__head_offset(t->kv, h), dt, NC);
+			kva__pf_lines(&b.pf, -1); /* what the steps left, if the turn was short */
 		}
-		kva__pf_lines(&b.pf, -1); /* what the steps left, if the block was short */
 	}
 }
 

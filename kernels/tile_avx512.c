@@ -419,7 +419,8 @@ AI void tile(const struct kva__tile *t, const enum kva_dtype dt, int NC)
 	const size_t row_bytes = (size_t)NC * 16 * kva__esize(dt);
 	struct kva__blocks b;
 
-	kva__blocks_begin(&b, t, row_bytes, t->heads * head_steps(t->group, NC, KVA__BLOCK_TOKENS));
+	kva__blocks_begin(&b, t, row_bytes, t->heads * head_steps(t->group, NC, KVA__BLOCK_TOKENS),
+			  false);
 	for (int32_t tb = t->t0; tb < t->t1; tb += KVA__BLOCK_TOKENS) {
 		const struct kva__rows *bk = kva__blocks_next(&b, t, tb);
 

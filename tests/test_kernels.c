@@ -619,9 +619,11 @@ static void test_strides_nhd_hnd_and_padding(void **state)
  * row of each token once, no run over another, in address order within
  * each page (a head's rows, then the next head's, in HND; the tokens in
  * order in NHD), and in no more lines than the steps it was given ask for.
+ * @one >= 0: the cursor on the span's head @one alone (kva__pf_begin_head,
+ * a head's turn), which reads that head's rows and no other's.
  */
 static void check_cursor(const struct cache *c, const int32_t *pages, int32_t t0, int32_t t1,
-			 int32_t kv_head, int32_t heads, int steps)
+			 int32_t kv_head, int32_t heads, int steps, int32_t one)
 {
 	const struct kva_kv_desc *kv = &c->kv;
 	const size_t esize = kva_dtype_size(kv->dtype), row = (size_t)kv->head_dim * esize;
@@ -637,10 +639,13 @@ static void check_cursor(const struct cache *c, const int32_t *pages, int32_t t0
 		int nruns = 0;
 
 		kva__rows_at(&t, tb, &rows);
-		kva__pf_begin(&pf, &t, &rows, row, steps);
+		if (one < 0)
+			kva__pf_begin(&pf, &t, &rows, row, steps);
+		else
+			kva__pf_begin_head(&pf, &t, &rows, one, row, steps);
 		memset(last, 0, sizeof(last));
 		for (int part = 0; part < 2; part++)
-			want += (size_t)rows.n * (size_t)heads * row;
+			want += (size_t)rows.n * (size_t)(one < 0 ? heads : 1) * row;
 		while (pf.part < 2) {
 			const int part = pf.part;
 			const char *base = part ? c->v : c->k;
@@ -661,7 +666,8 @@ static void check_cursor(const struct cache *c, const int32_t *pages, int32_t t0
 
 				for (int j = 0; j < rows.n && !found; j++)
 					for (int h = 0; h < heads && !found; h++)
-						found = p == (part ? rows.v : rows.k)[j] +
+						found = (one < 0 || h == one) &&
+							p == (part ? rows.v : rows.k)[j] +
 								     kva__head_offset(kv, h);
 				assert_true(found);
 			}
@@ -713,11 +719,103 @@ static void test_prefetch_cursor_reads_the_block_in_address_order(void **state)
 						pages[i] = i < npages / 2 ? perm[i] : i;
 					/* all heads, a span in the middle, one head; a
 					 * block cut short; a tile from a later page */
-					check_cursor(&c, pages, 0, ps * 12 < 100 ? ps * 12 : 100, 0, 8, 40);
-					check_cursor(&c, pages, ps, ps + 47, 2, 3, 7);
-					check_cursor(&c, pages + npages / 2 - 2, 0, 3 * ps + 1, 5, 1, 1);
+					check_cursor(&c, pages, 0, ps * 12 < 100 ? ps * 12 : 100, 0, 8, 40,
+						     -1);
+					check_cursor(&c, pages, ps, ps + 47, 2, 3, 7, -1);
+					check_cursor(&c, pages + npages / 2 - 2, 0, 3 * ps + 1, 5, 1, 1,
+						     -1);
+					/* and each head alone, as a head's turn reads it */
+					for (int32_t h = 0; h < 3; h++)
+						check_cursor(&c, pages, ps, ps + 47, 2, 3, 7, h);
+					check_cursor(&c, pages, 0, 100, 0, 8, 16, 7);
 					cache_free(&c);
 				}
+}
+
+/*
+ * A head's turn ahead (kva__blocks_turn): the cursor on each turn reads the
+ * rows of the turn after it and nothing else: the span's next head at the
+ * same block, after the last head the next block's first head, after the
+ * last block the next tile's first block's first head (its own span, its
+ * own pages), and after that nothing.
+ */
+static void check_turn(const struct kva__blocks *b, const struct kva__tile *want_t, int32_t tb,
+		       int32_t h)
+{
+	struct kva__rows rows;
+	struct kva__pf pf = b->pf;
+	const size_t row = b->row_bytes;
+	size_t got = 0;
+
+	kva__rows_at(want_t, tb, &rows);
+	assert_true(rows.n > 0);
+	while (pf.part < 2) {
+		const int part = pf.part;
+		size_t len;
+		uintptr_t r = kva__pf_run(&pf, &len);
+
+		assert_true(len > 0 && len % row == 0);
+		for (size_t o = 0; o < len; o += row) {
+			const char *p = (const char *)r + o;
+			bool found = false;
+
+			for (int j = 0; j < rows.n && !found; j++)
+				found = p == (part ? rows.v : rows.k)[j] +
+						     kva__head_offset(want_t->kv, h);
+			assert_true(found);
+		}
+		got += len;
+	}
+	assert_int_equal(got, 2 * (size_t)rows.n * row);
+}
+
+static void test_turn_cursor_reads_the_next_turn(void **state)
+{
+	static const enum order orders[] = { HND, NHD };
+	int32_t pages[16], pages2[16];
+	float m[16], l[16], acc[16 * 64];
+
+	(void)state;
+	for (int32_t i = 0; i < 16; i++) {
+		pages[i] = (i * 7 + 3) % 16;
+		pages2[i] = 15 - i;
+	}
+	for (unsigned o = 0; o < 2; o++)
+		for (int with_next = 0; with_next < 2; with_next++) {
+			struct cache c;
+			struct kva__blocks b;
+
+			cache_make(&c, KVA_F16, 16, 16, 6, 64, orders[o], 0);
+			{
+				/* heads 2..4, 100 tokens (blocks of 48, 48, 4), then a
+				 * tile of heads 0..1 from token 32 of other pages */
+				const struct kva__tile next = { .kv = &c.kv, .pages = pages2, .t0 = 32,
+								.t1 = 90, .kv_head = 0, .heads = 2,
+								.group = 1 };
+				const struct kva__tile t = { .kv = &c.kv, .pages = pages, .t0 = 0,
+							     .t1 = 100, .kv_head = 2, .heads = 3,
+							     .group = 1, .q = NULL, .acc = acc, .m = m,
+							     .l = l, .next = with_next ? &next : NULL };
+				const size_t row = 64 * 2;
+
+				kva__blocks_begin(&b, &t, row, 5, true);
+				for (int32_t tb = t.t0; tb < t.t1; tb += KVA__BLOCK_TOKENS) {
+					(void)kva__blocks_next(&b, &t, tb);
+					for (int32_t h = 0; h < t.heads; h++) {
+						kva__blocks_turn(&b, &t, h);
+						if (h + 1 < t.heads)
+							check_turn(&b, &t, tb, h + 1);
+						else if (tb + KVA__BLOCK_TOKENS < t.t1)
+							check_turn(&b, &t, tb + KVA__BLOCK_TOKENS, 0);
+						else if (with_next)
+							check_turn(&b, &next, next.t0, 0);
+						else
+							assert_int_equal(b.pf.part, 2);
+					}
+				}
+			}
+			cache_free(&c);
+		}
 }
 
 static void test_large_logits_stay_finite_and_exact(void **state)
@@ -1219,6 +1317,7 @@ int main(void)
 		cmocka_unit_test(test_long_context_past_16k),
 		cmocka_unit_test(test_strides_nhd_hnd_and_padding),
 		cmocka_unit_test(test_prefetch_cursor_reads_the_block_in_address_order),
+		cmocka_unit_test(test_turn_cursor_reads_the_next_turn),
 		cmocka_unit_test(test_large_logits_stay_finite_and_exact),
 		cmocka_unit_test(test_empty_sequence_gives_zero_and_minus_inf_lse),
 		cmocka_unit_test(test_half_precision_queries_and_outputs),
