@@ -256,6 +256,13 @@ static inline void kva__pf_begin(struct kva__pf *pf, const struct kva__tile *t,
 	pf->base = 0;
 }
 
+/* a cursor with nothing to ask for: its steps do nothing */
+static inline void kva__pf_none(struct kva__pf *pf)
+{
+	memset(pf, 0, sizeof(*pf));
+	pf->part = 2;
+}
+
 /* the cursor on one head of @t's span, its @h-th, over the rows @nx of the
  * span's first head: a head's turn at a block, where kva__pf_begin takes
  * the whole span */
@@ -418,7 +425,9 @@ static inline void kva__blocks_begin(struct kva__blocks *b, const struct kva__ti
 			kva__pf_begin(&b->pf, t, &b->rows[0], row_bytes, 1);
 		kva__pf_lines(&b->pf, -1);
 	}
-	b->pf.part = 2; /* nothing more until the first block or turn sets it */
+	/* nothing more until the first block or turn sets it: a warm tile
+	 * never set it, and a turn with none after it leaves it so */
+	kva__pf_none(&b->pf);
 }
 
 #define KVA__OS_PAGE 4096u /* the smallest page x86 maps: a TLB entry's reach */
@@ -498,7 +507,7 @@ static inline void kva__blocks_turn(struct kva__blocks *b, const struct kva__til
 	else if (t->next)
 		kva__pf_begin_head(&b->pf, t->next, &b->after, 0, b->row_bytes, b->steps);
 	else {
-		b->pf.part = 2;
+		kva__pf_none(&b->pf);
 		return;
 	}
 	kva__pf_pages(&b->pf);

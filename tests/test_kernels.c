@@ -817,6 +817,31 @@ static void test_turn_cursor_reads_the_next_turn(void **state)
 			}
 			cache_free(&c);
 		}
+	/* a warm tile of one turn with none after it: the tile before asked for
+	 * the turn, and the cursor is left with nothing to ask for (not with
+	 * what an uninitialized one would hold) */
+	{
+		struct cache c;
+		struct kva__blocks b;
+		const struct kva__tile t = { .pages = pages, .t0 = 0, .t1 = 20, .kv_head = 1,
+					     .heads = 1, .group = 1, .acc = acc, .m = m, .l = l,
+					     .warm = true };
+		struct kva__tile tt = t;
+
+		cache_make(&c, KVA_F16, 16, 16, 2, 64, HND, 0);
+		tt.kv = &c.kv;
+		memset(&b, 0xa5, sizeof(b));
+		kva__blocks_begin(&b, &tt, 64 * 2, 5, true);
+		assert_int_equal(b.pf.part, 2);
+		assert_int_equal(b.pf.left, 0);
+		(void)kva__blocks_next(&b, &tt, 0);
+		memset(&b.pf, 0xa5, sizeof(b.pf));
+		kva__blocks_turn(&b, &tt, 0);
+		assert_int_equal(b.pf.part, 2);
+		assert_int_equal(b.pf.left, 0);
+		assert_int_equal(b.pf.per, 0);
+		cache_free(&c);
+	}
 }
 
 static void test_large_logits_stay_finite_and_exact(void **state)
