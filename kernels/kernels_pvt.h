@@ -370,9 +370,10 @@ static inline void kva__pf_step(struct kva__pf *pf)
  *   (24 KiB at f16, head_dim 128: one head's K and V rows of 48 tokens).
  *   The turn's rows are read in the order the next turn reads them, one
  *   page's 4 KiB piece after another, and what is in flight is an eighth
- *   of a block: on Zen 3 (512 KiB of L2) a block ahead kept 384 KiB of it
- *   busy, and the V rows a turn read last were the ones it waited for.
- *   With a span of one head the two are the same.
+ *   of a block: a block ahead holds two blocks (384 KiB) in an L2 of 512
+ *   KiB on Zen 3, where a turn ahead read group 1 1.3-1.5x faster on two
+ *   threads (README "Current figures"). With a span of one head the two
+ *   are the same.
  *
  * Past a tile's last block (or turn) the cursor runs over the next tile's
  * first (t->next), so that the next tile does not start cold; a warm tile
@@ -397,6 +398,10 @@ static inline void kva__pf_step(struct kva__pf *pf)
  */
 struct kva__blocks {
 	struct kva__rows rows[2], after;
+	/* the block after the current one: its rows (rows[] or after; NULL
+	 * past the thread's last) and whose they are (the tile, or the next) */
+	const struct kva__rows *nr;
+	const struct kva__tile *nt;
 	struct kva__pf pf;
 	size_t row_bytes;
 	int steps, k;
@@ -479,15 +484,24 @@ static inline const struct kva__rows *kva__blocks_next(struct kva__blocks *b,
 	b->k++;
 	/* n = 0 past the end, where the next tile's first block goes */
 	kva__rows_at(t, tb + KVA__BLOCK_TOKENS, nx);
-	if (!nx->n && t->next)
-		kva__rows_at(t->next, t->next->t0, &b->after);
+	b->nr = nx;
+	b->nt = t;
+	if (!nx->n) {
+		b->nr = NULL;
+		if (t->next) {
+			kva__rows_at(t->next, t->next->t0, &b->after);
+			b->nr = &b->after;
+			b->nt = t->next;
+		}
+	}
 	if (b->turns)
 		return bk;
-	if (!nx->n && t->next)
-		kva__pf_begin(&b->pf, t->next, &b->after, b->row_bytes, b->steps);
-	else
-		kva__pf_begin(&b->pf, t, nx, b->row_bytes, b->steps);
-	kva__pf_pages(&b->pf);
+	if (b->nr) {
+		kva__pf_begin(&b->pf, b->nt, b->nr, b->row_bytes, b->steps);
+		kva__pf_pages(&b->pf);
+	} else {
+		kva__pf_none(&b->pf);
+	}
 	return bk;
 }
 
@@ -498,15 +512,12 @@ static inline const struct kva__rows *kva__blocks_next(struct kva__blocks *b,
  */
 static inline void kva__blocks_turn(struct kva__blocks *b, const struct kva__tile *t, int32_t h)
 {
-	const struct kva__rows *bk = &b->rows[(b->k + 1) % 2], *nx = &b->rows[b->k % 2];
-
-	if (h + 1 < t->heads)
-		kva__pf_begin_head(&b->pf, t, bk, h + 1, b->row_bytes, b->steps);
-	else if (nx->n)
-		kva__pf_begin_head(&b->pf, t, nx, 0, b->row_bytes, b->steps);
-	else if (t->next)
-		kva__pf_begin_head(&b->pf, t->next, &b->after, 0, b->row_bytes, b->steps);
-	else {
+	if (h + 1 < t->heads) {
+		kva__pf_begin_head(&b->pf, t, &b->rows[(b->k + 1) % 2], h + 1, b->row_bytes,
+				   b->steps);
+	} else if (b->nr) {
+		kva__pf_begin_head(&b->pf, b->nt, b->nr, 0, b->row_bytes, b->steps);
+	} else {
 		kva__pf_none(&b->pf);
 		return;
 	}
