@@ -281,6 +281,18 @@ const char *bench_readbw_isa(const struct bench_readbw *r);
 int bench_readbw_run(struct bench_readbw *r, enum bench_read_pattern pattern, size_t bytes,
 		     unsigned threads, unsigned reps, uint64_t *elapsed_ns);
 
+/*
+ * bench_readbw_latency - what one load costs when its address is the value
+ * the load before read: a chain through a random line of each of up to
+ * @loads random 4 KiB chunks of the first @bytes, walked once after a pass
+ * over the bytes, in ns a load (*@ns). Nothing overlaps, so it is the
+ * latency of those bytes from wherever such a pass leaves them: memory,
+ * TLB misses included, when they are larger than the cache. Over a
+ * machine's latency, a core's outstanding misses bound what it can read.
+ * Writes a pointer into each line of the chain. Return: 0, -EINVAL, -ENOMEM.
+ */
+int bench_readbw_latency(struct bench_readbw *r, size_t bytes, uint32_t loads, double *ns);
+
 /* ------------------------- bench_cuda.c: the CUDA driver, loaded by hand */
 
 /*

@@ -54,6 +54,14 @@
  *                      paged layout can hope for (not the ceiling: the
  *                      sweep is the figure a kernel is held to)
  *   ceiling_isa        the reader's instructions (avx512, avx2, scalar)
+ *   latency_ns         one thread's load whose address the load before
+ *                      read, to a random line of as many bytes, after a
+ *                      pass over them (bench_readbw_latency; median): for
+ *                      bytes past the cache, memory's latency, TLB misses
+ *                      included. A core reads at most its outstanding
+ *                      misses x 64 bytes a latency, so a machine with twice
+ *                      the latency needs twice the misses in flight to
+ *                      reach the same ceiling
  *   roofline_gbps      the arithmetic roofline of the decode's ISA, with
  *                      `threads` threads, in the same run (bench_roofline.c):
  *                      bytes a second if memory cost nothing, each stored
@@ -141,6 +149,8 @@
 #define MAX_ERR 1e-3
 /* a trial lasts at least this long: small configurations repeat the call */
 #define MIN_TRIAL_NS 20000000ull
+/* loads of the latency chain a trial: 10-20 ms at a few hundred ns each */
+#define LATENCY_LOADS (1u << 15)
 /* K and V elements the naive decode reads per trial, about: 0.05-0.1 s */
 #define NAIVE_ELEMS (1ull << 25)
 #define NAIVE_TRIALS 3u
@@ -497,7 +507,7 @@ static uint64_t sample_pair(uint64_t k, uint64_t n, uint64_t total)
 /* ------------------------------------------------------------ measuring */
 
 struct figures {
-	double ms, gbps, ceiling_gbps, scatter4k_gbps, scatter64k_gbps;
+	double ms, gbps, ceiling_gbps, scatter4k_gbps, scatter64k_gbps, latency_ns;
 	double roofline_gbps; /* NaN on the scalar path */
 	double naive_ms, naive_sampled, max_rel_err;
 	double other_cpus;
@@ -644,7 +654,7 @@ static int measure(const struct config *c, const struct kvcache *kc, struct batc
 	const enum kva_isa isa = isa_used(o->isa, c->head_dim);
 	double roof[BENCH_MAX_TRIALS];
 	double dec[BENCH_MAX_TRIALS], sweep[BENCH_MAX_TRIALS], s4k[BENCH_MAX_TRIALS],
-		s64k[BENCH_MAX_TRIALS], once, unused;
+		s64k[BENCH_MAX_TRIALS], lat[BENCH_MAX_TRIALS], once, unused;
 	struct cpu_sample c0, c1;
 	int ret;
 
@@ -665,6 +675,10 @@ static int measure(const struct config *c, const struct kvcache *kc, struct batc
 		    (ret = time_read(rb, BENCH_READ_4K, c, b->bytes, f->reps, &s4k[t])) < 0 ||
 		    (ret = time_read(rb, BENCH_READ_64K, c, b->bytes, f->reps, &s64k[t])) < 0)
 			return ret;
+		if ((ret = bench_readbw_latency(rb, b->bytes, LATENCY_LOADS, &lat[t])) < 0) {
+			fprintf(stderr, "decode: memory latency: %s\n", strerror(-ret));
+			return ret;
+		}
 		if (isa != KVA_ISA_SCALAR &&
 		    (ret = bench_roofline(isa, c->dtype, c->group, c->threads,
 					  roofline_bytes(c, b), &roof[t])) < 0) {
@@ -677,6 +691,7 @@ static int measure(const struct config *c, const struct kvcache *kc, struct batc
 	f->ceiling_gbps = (double)b->bytes / bench_median(sweep, o->trials);
 	f->scatter4k_gbps = (double)b->bytes / bench_median(s4k, o->trials);
 	f->scatter64k_gbps = (double)b->bytes / bench_median(s64k, o->trials);
+	f->latency_ns = bench_median(lat, o->trials);
 	f->roofline_gbps = isa == KVA_ISA_SCALAR ? NAN : bench_median(roof, o->trials);
 	/* b->out now holds kvarena's answer, which the naive one is checked against */
 	measure_naive(c, kc, b, o->quick ? 1 : NAIVE_TRIALS, f);
@@ -743,6 +758,7 @@ static int print_line(const struct config *c, const struct batch *b, const struc
 	bench_line_num(&l, "scatter4k_gbps", f->scatter4k_gbps, 2);
 	bench_line_num(&l, "scatter64k_gbps", f->scatter64k_gbps, 2);
 	bench_line_str(&l, "ceiling_isa", bench_readbw_isa(rb));
+	bench_line_num(&l, "latency_ns", f->latency_ns, 1);
 	bench_line_num(&l, "roofline_gbps", f->roofline_gbps, 2);
 	if (isnan(f->roofline_gbps)) {
 		bench_line_num(&l, "bound", NAN, 0);
@@ -841,11 +857,11 @@ static int run_geometry(const struct decode_opts *o, const struct config *g,
 					 kva_arena_info(kc.arena));
 		if (ret == 0) {
 			fprintf(stderr, "decode: %-8s hd %3u b %2u ctx %5u g %u t %u: %9.3f ms "
-				"%6.2f GB/s of %6.2f (%.2f), roofline %6.1f  naive x%.0f  err %.1e  "
-				"others %.2f%s\n",
+				"%6.2f GB/s of %6.2f (%.2f), roofline %6.1f  latency %4.0f ns  naive x%.0f  "
+				"err %.1e  others %.2f%s\n",
 				kva_dtype_name(c->dtype), c->head_dim, c->batch, c->context, c->group,
 				c->threads, f.ms, f.gbps, f.ceiling_gbps, f.gbps / f.ceiling_gbps,
-				f.roofline_gbps,
+				f.roofline_gbps, f.latency_ns,
 				f.naive_ms / f.ms, f.max_rel_err, f.other_cpus,
 				f.max_rel_err <= MAX_ERR ? "" : "  WRONG");
 			if (!(f.max_rel_err <= MAX_ERR))

@@ -351,3 +351,45 @@ int bench_readbw_run(struct bench_readbw *r, enum bench_read_pattern pattern, si
 	*elapsed_ns = bench_now_ns() - t0;
 	return 0;
 }
+
+int bench_readbw_latency(struct bench_readbw *r, size_t bytes, uint32_t loads, double *ns)
+{
+	const uint32_t *order;
+	uint32_t n = 0;
+	uint64_t t0;
+	char **line, *p;
+	int ret;
+
+	if (!r || bytes < 4096 || bytes > r->size || !loads || !ns)
+		return -EINVAL;
+	if ((ret = prepare(r, bytes)) < 0)
+		return ret;
+	line = malloc(sizeof(*line) * loads);
+	if (!line)
+		return -ENOMEM;
+	/* a random line in each of the first whole chunks of the random 4 KiB
+	 * order: distinct lines, so the chain is one cycle through them all */
+	order = r->order[BENCH_READ_4K];
+	for (uint32_t i = 0; i < r->chunks[BENCH_READ_4K] && n < loads; i++)
+		if ((size_t)order[i] * 4096 + 4096 <= bytes)
+			line[n++] = r->buf + (size_t)order[i] * 4096 + bench_rand(&r->rng) % 64 * 64;
+	if (!n) { /* never: bytes >= 4096 leaves chunk 0 whole */
+		free(line);
+		return -EINVAL;
+	}
+	for (uint32_t i = 0; i < n; i++)
+		memcpy(line[i], &line[(i + 1) % n], sizeof(char *));
+	/* the lines were just written: read the bytes once, so that what is
+	 * still cached is what a pass over them leaves (all of it, if they
+	 * fit in the cache; the last of them, if not) */
+	r->sink[0] += r->sum(r->buf, bytes);
+	/* each load's address is the one before's value: nothing overlaps */
+	p = line[0];
+	t0 = bench_now_ns();
+	for (uint32_t i = 0; i < n; i++)
+		memcpy(&p, p, sizeof(p));
+	*ns = (double)(bench_now_ns() - t0) / n;
+	r->sink[0] += (uintptr_t)p;
+	free(line);
+	return 0;
+}
