@@ -386,8 +386,12 @@ int bench_readbw_latency(struct bench_readbw *r, size_t bytes, uint32_t loads, d
 	/* each load's address is the one before's value: nothing overlaps */
 	p = line[0];
 	t0 = bench_now_ns();
-	for (uint32_t i = 0; i < n; i++)
-		memcpy(&p, p, sizeof(p));
+	for (uint32_t i = 0; i < n; i++) {
+		char *next;
+
+		memcpy(&next, p, sizeof(next));
+		p = next;
+	}
 	*ns = (double)(bench_now_ns() - t0) / n;
 	r->sink[0] += (uintptr_t)p;
 	free(line);
