@@ -370,10 +370,12 @@ static inline void kva__pf_step(struct kva__pf *pf)
  *   (24 KiB at f16, head_dim 128: one head's K and V rows of 48 tokens).
  *   The turn's rows are read in the order the next turn reads them, one
  *   page's 4 KiB piece after another, and what is in flight is an eighth
- *   of a block: a block ahead holds two blocks (384 KiB) in an L2 of 512
- *   KiB on Zen 3, where a turn ahead read group 1 1.3-1.5x faster on two
- *   threads (README "Current figures"). With a span of one head the two
- *   are the same.
+ *   of a block. On Zen 3 a turn ahead read group 1 1.3-1.5x faster on two
+ *   threads (README "Current figures"). Not for want of L2 alone: a block
+ *   ahead holds two blocks (384 KiB) in Zen 3's 512 KiB, but blocks of 16
+ *   tokens (64 KiB, a page of every head) a block ahead were slower too,
+ *   about 0.75 of the turn ahead. With a span of one head the two are the
+ *   same.
  *
  * Past a tile's last block (or turn) the cursor runs over the next tile's
  * first (t->next), so that the next tile does not start cold; a warm tile

@@ -284,7 +284,8 @@ int bench_readbw_run(struct bench_readbw *r, enum bench_read_pattern pattern, si
 /*
  * bench_readbw_latency - what one load costs when its address is the value
  * the load before read: a chain through a random line of each of up to
- * @loads random 4 KiB chunks of the first @bytes, walked once after a pass
+ * @loads random 4 KiB chunks of the first @bytes, @loads loads round it
+ * (more than once round where the bytes have fewer chunks) after a pass
  * over the bytes, in ns a load (*@ns). Nothing overlaps, so it is the
  * latency of those bytes from wherever such a pass leaves them: memory,
  * TLB misses included, when they are larger than the cache. Over a

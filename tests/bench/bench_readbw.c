@@ -383,16 +383,18 @@ int bench_readbw_latency(struct bench_readbw *r, size_t bytes, uint32_t loads, d
 	 * still cached is what a pass over them leaves (all of it, if they
 	 * fit in the cache; the last of them, if not) */
 	r->sink[0] += r->sum(r->buf, bytes);
-	/* each load's address is the one before's value: nothing overlaps */
+	/* each load's address is the one before's value: nothing overlaps.
+	 * @loads of them, round the cycle again where the bytes have fewer
+	 * chunks, so that a small buffer's figure is not the clock's grain */
 	p = line[0];
 	t0 = bench_now_ns();
-	for (uint32_t i = 0; i < n; i++) {
+	for (uint32_t i = 0; i < loads; i++) {
 		char *next;
 
 		memcpy(&next, p, sizeof(next));
 		p = next;
 	}
-	*ns = (double)(bench_now_ns() - t0) / n;
+	*ns = (double)(bench_now_ns() - t0) / loads;
 	r->sink[0] += (uintptr_t)p;
 	free(line);
 	return 0;
