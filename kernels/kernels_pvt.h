@@ -374,8 +374,9 @@ static inline void kva__pf_step(struct kva__pf *pf)
  *   threads (README "Current figures"). Not for want of L2 alone: a block
  *   ahead holds two blocks (384 KiB) in Zen 3's 512 KiB, but blocks of 16
  *   tokens (64 KiB, a page of every head) a block ahead were slower too,
- *   about 0.75 of the turn ahead. With a span of one head the two are the
- *   same.
+ *   about 0.75 of the turn ahead (README, ninth session: a throwaway
+ *   build, not one this tree can make). With a span of one head the two
+ *   are the same.
  *
  * Past a tile's last block (or turn) the cursor runs over the next tile's
  * first (t->next), so that the next tile does not start cold; a warm tile
