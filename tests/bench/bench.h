@@ -294,6 +294,22 @@ int bench_readbw_run(struct bench_readbw *r, enum bench_read_pattern pattern, si
  */
 int bench_readbw_latency(struct bench_readbw *r, size_t bytes, uint32_t loads, double *ns);
 
+/*
+ * bench_readbw_prefetch_kept - how many software prefetches one core keeps
+ * in flight: @burst prefetches (prefetcht1, the tiles' hint), back to back,
+ * to as many lines of the first @bytes that are in no cache (their pages in
+ * the TLB); then a wait far longer than memory's latency, and a timed load
+ * of each. A load slower than the midpoint between one from memory and one
+ * from the cache (measured first) found its line missing: the core dropped
+ * that prefetch. *@kept: @burst less the mean missed over @rounds rounds.
+ * A core that queues what it cannot start keeps them all; one that drops
+ * the excess keeps about as many as it has misses in flight. On the
+ * calling thread. Return: 0, -EINVAL (fewer than @burst 4 KiB chunks in
+ * @bytes), -ENOMEM.
+ */
+int bench_readbw_prefetch_kept(struct bench_readbw *r, size_t bytes, unsigned burst,
+			       unsigned rounds, double *kept);
+
 /* ------------------------- bench_cuda.c: the CUDA driver, loaded by hand */
 
 /*

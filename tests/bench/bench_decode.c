@@ -62,6 +62,15 @@
  *                      misses x 64 bytes a latency, so a machine with twice
  *                      the latency needs twice the misses in flight to
  *                      reach the same ceiling
+ *   prefetch_kept      of 64 software prefetches (prefetcht1, the tiles'
+ *                      hint) one thread issues back to back to lines of
+ *                      those bytes in no cache, how many the core kept:
+ *                      their lines are in the cache when it looks, 20 us
+ *                      later (bench_readbw_prefetch_kept; median). 64 on a
+ *                      core that queues what it cannot start; about its
+ *                      misses in flight on one that drops the rest, which
+ *                      is then all a burst of prefetches can have in
+ *                      flight. null for bytes of fewer than 64 4 KiB chunks
  *   roofline_gbps      the arithmetic roofline of the decode's ISA, with
  *                      `threads` threads, in the same run (bench_roofline.c):
  *                      bytes a second if memory cost nothing, each stored
@@ -151,6 +160,10 @@
 #define MIN_TRIAL_NS 20000000ull
 /* loads of the latency chain a trial: 10-20 ms at a few hundred ns each */
 #define LATENCY_LOADS (1u << 15)
+/* software prefetches issued back to back, and rounds of them a trial (about
+ * 1 ms): more than any core of ours has misses in flight */
+#define PREFETCH_BURST 64u
+#define PREFETCH_ROUNDS 16u
 /* K and V elements the naive decode reads per trial, about: 0.05-0.1 s */
 #define NAIVE_ELEMS (1ull << 25)
 #define NAIVE_TRIALS 3u
@@ -508,6 +521,7 @@ static uint64_t sample_pair(uint64_t k, uint64_t n, uint64_t total)
 
 struct figures {
 	double ms, gbps, ceiling_gbps, scatter4k_gbps, scatter64k_gbps, latency_ns;
+	double prefetch_kept; /* NaN where the bytes have fewer than a burst's 4 KiB chunks */
 	double roofline_gbps; /* NaN on the scalar path */
 	double naive_ms, naive_sampled, max_rel_err;
 	double other_cpus;
@@ -654,7 +668,7 @@ static int measure(const struct config *c, const struct kvcache *kc, struct batc
 	const enum kva_isa isa = isa_used(o->isa, c->head_dim);
 	double roof[BENCH_MAX_TRIALS];
 	double dec[BENCH_MAX_TRIALS], sweep[BENCH_MAX_TRIALS], s4k[BENCH_MAX_TRIALS],
-		s64k[BENCH_MAX_TRIALS], lat[BENCH_MAX_TRIALS], once, unused;
+		s64k[BENCH_MAX_TRIALS], lat[BENCH_MAX_TRIALS], pfk[BENCH_MAX_TRIALS], once, unused;
 	struct cpu_sample c0, c1;
 	int ret;
 
@@ -679,6 +693,13 @@ static int measure(const struct config *c, const struct kvcache *kc, struct batc
 			fprintf(stderr, "decode: memory latency: %s\n", strerror(-ret));
 			return ret;
 		}
+		pfk[t] = NAN;
+		if (b->bytes / 4096 >= PREFETCH_BURST &&
+		    (ret = bench_readbw_prefetch_kept(rb, b->bytes, PREFETCH_BURST, PREFETCH_ROUNDS,
+						      &pfk[t])) < 0) {
+			fprintf(stderr, "decode: prefetches kept: %s\n", strerror(-ret));
+			return ret;
+		}
 		if (isa != KVA_ISA_SCALAR &&
 		    (ret = bench_roofline(isa, c->dtype, c->group, c->threads,
 					  roofline_bytes(c, b), &roof[t])) < 0) {
@@ -692,6 +713,7 @@ static int measure(const struct config *c, const struct kvcache *kc, struct batc
 	f->scatter4k_gbps = (double)b->bytes / bench_median(s4k, o->trials);
 	f->scatter64k_gbps = (double)b->bytes / bench_median(s64k, o->trials);
 	f->latency_ns = bench_median(lat, o->trials);
+	f->prefetch_kept = bench_median(pfk, o->trials);
 	f->roofline_gbps = isa == KVA_ISA_SCALAR ? NAN : bench_median(roof, o->trials);
 	/* b->out now holds kvarena's answer, which the naive one is checked against */
 	measure_naive(c, kc, b, o->quick ? 1 : NAIVE_TRIALS, f);
@@ -759,6 +781,7 @@ static int print_line(const struct config *c, const struct batch *b, const struc
 	bench_line_num(&l, "scatter64k_gbps", f->scatter64k_gbps, 2);
 	bench_line_str(&l, "ceiling_isa", bench_readbw_isa(rb));
 	bench_line_num(&l, "latency_ns", f->latency_ns, 1);
+	bench_line_num(&l, "prefetch_kept", f->prefetch_kept, 1);
 	bench_line_num(&l, "roofline_gbps", f->roofline_gbps, 2);
 	if (isnan(f->roofline_gbps)) {
 		bench_line_num(&l, "bound", NAN, 0);
@@ -857,11 +880,11 @@ static int run_geometry(const struct decode_opts *o, const struct config *g,
 					 kva_arena_info(kc.arena));
 		if (ret == 0) {
 			fprintf(stderr, "decode: %-8s hd %3u b %2u ctx %5u g %u t %u: %9.3f ms "
-				"%6.2f GB/s of %6.2f (%.2f), roofline %6.1f  latency %4.0f ns  naive x%.0f  "
+				"%6.2f GB/s of %6.2f (%.2f), roofline %6.1f  latency %4.0f ns  prefetches kept %4.1f  naive x%.0f  "
 				"err %.1e  others %.2f%s\n",
 				kva_dtype_name(c->dtype), c->head_dim, c->batch, c->context, c->group,
 				c->threads, f.ms, f.gbps, f.ceiling_gbps, f.gbps / f.ceiling_gbps,
-				f.roofline_gbps, f.latency_ns,
+				f.roofline_gbps, f.latency_ns, f.prefetch_kept,
 				f.naive_ms / f.ms, f.max_rel_err, f.other_cpus,
 				f.max_rel_err <= MAX_ERR ? "" : "  WRONG");
 			if (!(f.max_rel_err <= MAX_ERR))

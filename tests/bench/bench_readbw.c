@@ -28,10 +28,12 @@
 #include <stdlib.h>
 #include <string.h>
 #include <sys/mman.h>
+#include <x86intrin.h>
 
 #include "bench.h"
 
 #define MAX_THREADS 64u
+#define PREFETCH_WAIT_NS 20000u /* 20 us: tens of memory latencies */
 
 /* ------------------------------------------------------------- readers */
 
@@ -398,4 +400,114 @@ int bench_readbw_latency(struct bench_readbw *r, size_t bytes, uint32_t loads, d
 	r->sink[0] += (uintptr_t)p;
 	free(line);
 	return 0;
+}
+
+/* --------------------------------------------------- software prefetches */
+
+/* the time stamp counter around one load, which nothing else overlaps */
+static uint64_t timed_load(const char *p)
+{
+	unsigned aux;
+	uint64_t t0, t1;
+
+	_mm_lfence();
+	t0 = __rdtscp(&aux);
+	(void)*(const volatile char *)p;
+	/* rdtscp waits until the load before it has its data */
+	t1 = __rdtscp(&aux);
+	_mm_lfence();
+	return t1 - t0;
+}
+
+static int cmp_u64(const void *a, const void *b)
+{
+	uint64_t x = *(const uint64_t *)a, y = *(const uint64_t *)b;
+
+	return x < y ? -1 : x > y;
+}
+
+/* the median of @n counts (sorted in place) */
+static uint64_t median_u64(uint64_t *v, unsigned n)
+{
+	qsort(v, n, sizeof(*v), cmp_u64);
+	return v[n / 2];
+}
+
+/*
+ * Round @k's @n target lines: a random line in each of @n chunks of the 4
+ * KiB order that lie wholly in the first @bytes (distinct chunks, so
+ * distinct lines), their pages in the TLB and the lines themselves in no
+ * cache. The TLB is warmed through another line of each page, half a page
+ * away, so that no prefetcher of the machine's takes the target for a
+ * neighbour.
+ */
+static void cold_lines(struct bench_readbw *r, size_t bytes, unsigned k, unsigned n,
+		       const char **line)
+{
+	const uint32_t *order = r->order[BENCH_READ_4K];
+	uint32_t chunks = (uint32_t)(bytes / 4096), at = (uint32_t)(k * n) % chunks;
+	unsigned got = 0;
+
+	for (uint32_t seen = 0; got < n && seen < r->chunks[BENCH_READ_4K]; seen++) {
+		uint32_t c = order[(at + seen) % r->chunks[BENCH_READ_4K]];
+		unsigned l = (unsigned)(bench_rand(&r->rng) % 64);
+
+		if (c >= chunks)
+			continue;
+		line[got] = r->buf + (size_t)c * 4096 + l * 64;
+		r->sink[0] += (unsigned char)r->buf[(size_t)c * 4096 + (l + 32) % 64 * 64];
+		got++;
+	}
+	for (unsigned i = 0; i < n; i++)
+		_mm_clflush(line[i]);
+	_mm_mfence();
+}
+
+int bench_readbw_prefetch_kept(struct bench_readbw *r, size_t bytes, unsigned burst,
+			       unsigned rounds, double *kept)
+{
+	const char **line;
+	uint64_t *cold, *hot, limit, missed = 0;
+	int ret;
+
+	if (!r || !burst || !rounds || !kept || bytes > r->size || bytes / 4096 < burst)
+		return -EINVAL;
+	if ((ret = prepare(r, bytes)) < 0)
+		return ret;
+	line = malloc(sizeof(*line) * burst);
+	cold = malloc(sizeof(*cold) * burst);
+	hot = malloc(sizeof(*hot) * burst);
+	if (!line || !cold || !hot) {
+		ret = -ENOMEM;
+		goto out;
+	}
+	/* what a load costs from memory and from the cache, on this machine
+	 * and in its time stamp counter's ticks: the midpoint tells them apart */
+	cold_lines(r, bytes, 0, burst, line);
+	for (unsigned i = 0; i < burst; i++) {
+		cold[i] = timed_load(line[i]);
+		hot[i] = timed_load(line[i]);
+	}
+	limit = (median_u64(cold, burst) + median_u64(hot, burst)) / 2;
+	for (unsigned k = 1; k <= rounds; k++) {
+		uint64_t until;
+
+		cold_lines(r, bytes, k, burst, line);
+		for (unsigned i = 0; i < burst; i++)
+			_mm_prefetch(line[i], _MM_HINT_T1); /* the tiles' hint */
+		/* far longer than memory takes to answer: a prefetch kept has
+		 * long arrived */
+		until = bench_now_ns() + PREFETCH_WAIT_NS;
+		while (bench_now_ns() < until)
+			;
+		for (unsigned i = 0; i < burst; i++)
+			missed += timed_load(line[i]) > limit;
+	}
+	*kept = burst - (double)missed / rounds;
+	ret = 0;
+out:
+	free(line);
+	free(cold);
+	free(hot);
+	return ret;
 }
