@@ -3,7 +3,8 @@
 # build a release tree, an ASan+UBSan tree and a TSan tree, run every test in
 # them, and end with each runner's summary. Exit 0 only if everything passed.
 #
-# Trees: build/release (-Dwerror=true), build/asan (address,undefined; UBSan
+# Trees: build/release (-Dwerror=true; as root, with 64 huge pages reserved
+# for its run where none are), build/asan (address,undefined; UBSan
 # fatal), build/tsan (clang, thread; the tests that run threads in one
 # process, the crash tests and the stress test, whose worker processes run
 # several threads each), build/fuzz (clang, libFuzzer with address,undefined; the protocol
@@ -57,8 +58,28 @@ run() { # name dir [meson test args...]
 	fi
 }
 
+# The release tree runs with a small hugetlb pool (as root, where none is
+# reserved), so that the huge-page paths are tested (an arena's --hugepages,
+# the host tier, which takes huge pages where there are some); the sanitizer
+# trees run without one, so that the fallbacks to ordinary pages are. The
+# pool is given back after the release tree, or at exit.
+HUGEPAGES=/proc/sys/vm/nr_hugepages
+huge_reserved=false
+huge_release() {
+	if $huge_reserved; then
+		echo 0 >"$HUGEPAGES" 2>/dev/null
+		huge_reserved=false
+	fi
+}
+trap huge_release EXIT
+if [[ $EUID -eq 0 && -w $HUGEPAGES && $(cat "$HUGEPAGES") == 0 ]] &&
+	echo 64 >"$HUGEPAGES" 2>/dev/null; then
+	huge_reserved=true
+	echo "test.sh: release tree with $(cat "$HUGEPAGES") huge pages of 2 MiB reserved"
+fi
 setup build/release --buildtype=release -Dwerror=true -Dtests=enabled
 run release build/release
+huge_release
 
 setup build/asan --buildtype=debugoptimized -Dwerror=true -Dtests=enabled \
 	-Db_sanitize=address,undefined -Db_lundef=false -Ddpdk=disabled

@@ -1054,6 +1054,44 @@ static void test_a_low_memlock_limit_is_refused_by_name(void **state)
 	rm_rf(dir);
 }
 
+/*
+ * --host-bytes bounds what the host tier holds, on any pages: on huge pages
+ * its memory is rounded up to whole 2 MiB pages, and the records are still
+ * the ones the size asked for (huge pages where the system's hugetlb pool
+ * has some: scripts/test.sh reserves a few for the release tree).
+ */
+static void test_host_bytes_bound_the_host_tier_on_any_pages(void **state)
+{
+	struct setup s = { .host_bytes = "3M", .blocks = "64" };
+	struct tu_agent ag;
+
+	(void)state;
+	for (int huge = 0; huge < 2; huge++) {
+		struct kva_tiers_stats st;
+		const struct kva_tier_stats *h = &st.tier[KVA_TIER_HOST];
+
+		s.extra[0] = "--host-hugepages";
+		s.extra[1] = huge ? "true" : "false";
+		start(&ag, &s);
+		st = tier_stats(&ag);
+		assert_true(h->enabled);
+		assert_true(h->record_bytes > 0);
+		if (!huge)
+			assert_false(h->hugetlb);
+		if (h->capacity_records != (3ull << 20) / h->record_bytes)
+			fail_msg("host tier on %s pages: %llu records of %llu bytes for --host-bytes "
+				 "3M (%llu fit)", h->hugetlb ? "huge" : "ordinary",
+				 (unsigned long long)h->capacity_records,
+				 (unsigned long long)h->record_bytes,
+				 (unsigned long long)((3ull << 20) / h->record_bytes));
+		print_message("      host tier on %s pages: %llu records\n",
+			      h->hugetlb ? "huge" : "ordinary",
+			      (unsigned long long)h->capacity_records);
+		stop(&ag);
+		tu_agent_cleanup(&ag);
+	}
+}
+
 /* kvarena-ctl tiers, as text and as JSON; the map's markers in its legend */
 static void test_ctl_shows_the_tiers(void **state)
 {
@@ -1221,6 +1259,7 @@ int main(int argc, char **argv)
 		cmocka_unit_test(test_the_disk_tier_survives_the_agent),
 		cmocka_unit_test(test_no_o_direct_is_said_and_handled),
 		cmocka_unit_test(test_a_low_memlock_limit_is_refused_by_name),
+		cmocka_unit_test(test_host_bytes_bound_the_host_tier_on_any_pages),
 		cmocka_unit_test(test_ctl_shows_the_tiers),
 		cmocka_unit_test(test_scribbled_tier_words_fool_nobody),
 	};

@@ -1662,7 +1662,10 @@ int tiers_start(const struct tier_config *c, struct kva_arena *a, struct kva_wor
 	if ((ret = host_mem_create(&t->host, host_bytes, c->host_node, c->host_hugepages, err,
 				   errlen)) < 0)
 		goto fail;
-	if ((ret = tier_init(&t->t[HOST], t->host.bytes / rec, rec, c->disk_dir[0] != 0)) < 0)
+	/* the records --host-bytes holds, not the mapping's: on huge pages the
+	 * memory is rounded up to 2 MiB, and the tier would hold more than
+	 * asked (and than tiers_keys() counted keys for) */
+	if ((ret = tier_init(&t->t[HOST], host_bytes / rec, rec, c->disk_dir[0] != 0)) < 0)
 		goto fail;
 	if (c->disk_dir[0]) {
 		t->disk.qd = c->queue_depth ? c->queue_depth : 64;
