@@ -360,7 +360,7 @@ static inline void kva__pf_lines(struct kva__pf *pf, int lines)
  * where the call read 0.68-0.74; steps of 3 lines at every chunk and every
  * token, inline, read no more at group 1 and less at group 4. A core may
  * drop prefetches it cannot start (`prefetch_kept` of kvarena-bench
- * decode: 22-23 of 64 kept on that Zen 3), but bursts cut to fewer lines
+ * decode: 22-24 of 64 kept on that Zen 3), but bursts cut to fewer lines
  * read no more there either.
  */
 static inline void kva__pf_step(struct kva__pf *pf)

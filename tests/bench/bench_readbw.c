@@ -419,20 +419,6 @@ static uint64_t timed_load(const char *p)
 	return t1 - t0;
 }
 
-static int cmp_u64(const void *a, const void *b)
-{
-	uint64_t x = *(const uint64_t *)a, y = *(const uint64_t *)b;
-
-	return x < y ? -1 : x > y;
-}
-
-/* the median of @n counts (sorted in place) */
-static uint64_t median_u64(uint64_t *v, unsigned n)
-{
-	qsort(v, n, sizeof(*v), cmp_u64);
-	return v[n / 2];
-}
-
 /*
  * Round @k's @n target lines: a random line in each of @n chunks of the 4
  * KiB order that lie wholly in the first @bytes (distinct chunks, so
@@ -467,7 +453,8 @@ int bench_readbw_prefetch_kept(struct bench_readbw *r, size_t bytes, unsigned bu
 			       unsigned rounds, double *kept)
 {
 	const char **line;
-	uint64_t *cold, *hot, limit, missed = 0;
+	double *cold, *hot, limit;
+	uint64_t missed = 0;
 	int ret;
 
 	if (!r || !burst || !rounds || !kept || bytes > r->size || bytes / 4096 < burst)
@@ -485,10 +472,10 @@ int bench_readbw_prefetch_kept(struct bench_readbw *r, size_t bytes, unsigned bu
 	 * and in its time stamp counter's ticks: the midpoint tells them apart */
 	cold_lines(r, bytes, 0, burst, line);
 	for (unsigned i = 0; i < burst; i++) {
-		cold[i] = timed_load(line[i]);
-		hot[i] = timed_load(line[i]);
+		cold[i] = (double)timed_load(line[i]);
+		hot[i] = (double)timed_load(line[i]);
 	}
-	limit = (median_u64(cold, burst) + median_u64(hot, burst)) / 2;
+	limit = (bench_median(cold, burst) + bench_median(hot, burst)) / 2;
 	for (unsigned k = 1; k <= rounds; k++) {
 		uint64_t until;
 
@@ -501,7 +488,7 @@ int bench_readbw_prefetch_kept(struct bench_readbw *r, size_t bytes, unsigned bu
 		while (bench_now_ns() < until)
 			;
 		for (unsigned i = 0; i < burst; i++)
-			missed += timed_load(line[i]) > limit;
+			missed += (double)timed_load(line[i]) > limit;
 	}
 	*kept = burst - (double)missed / rounds;
 	ret = 0;
