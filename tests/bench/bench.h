@@ -303,9 +303,10 @@ int bench_readbw_latency(struct bench_readbw *r, size_t bytes, uint32_t loads, d
  * from the cache (measured first) found its line missing: the core dropped
  * that prefetch. *@kept: @burst less the mean missed over @rounds rounds.
  * A core that queues what it cannot start keeps them all; one that drops
- * the excess keeps about as many as it has misses in flight. On the
- * calling thread. Return: 0, -EINVAL (fewer than @burst 4 KiB chunks in
- * @bytes), -ENOMEM.
+ * the excess keeps about as many as it has misses in flight. *@kept is NaN
+ * where a load from memory took less than twice one from the cache (no
+ * telling them apart). On the calling thread. Return: 0, -EINVAL (fewer
+ * than @burst 4 KiB chunks in @bytes), -ENOMEM.
  */
 int bench_readbw_prefetch_kept(struct bench_readbw *r, size_t bytes, unsigned burst,
 			       unsigned rounds, double *kept);

@@ -70,7 +70,9 @@
  *                      core that queues what it cannot start; about its
  *                      misses in flight on one that drops the rest, which
  *                      is then all a burst of prefetches can have in
- *                      flight. null for bytes of fewer than 64 4 KiB chunks
+ *                      flight. null for bytes of fewer than 64 4 KiB chunks,
+ *                      and where a load from memory could not be told
+ *                      from one from the cache (under 2x its time)
  *   roofline_gbps      the arithmetic roofline of the decode's ISA, with
  *                      `threads` threads, in the same run (bench_roofline.c):
  *                      bytes a second if memory cost nothing, each stored
@@ -521,7 +523,7 @@ static uint64_t sample_pair(uint64_t k, uint64_t n, uint64_t total)
 
 struct figures {
 	double ms, gbps, ceiling_gbps, scatter4k_gbps, scatter64k_gbps, latency_ns;
-	double prefetch_kept; /* NaN where the bytes have fewer than a burst's 4 KiB chunks */
+	double prefetch_kept; /* NaN: too few bytes for a burst, or no trial could count */
 	double roofline_gbps; /* NaN on the scalar path */
 	double naive_ms, naive_sampled, max_rel_err;
 	double other_cpus;
@@ -669,6 +671,7 @@ static int measure(const struct config *c, const struct kvcache *kc, struct batc
 	double roof[BENCH_MAX_TRIALS];
 	double dec[BENCH_MAX_TRIALS], sweep[BENCH_MAX_TRIALS], s4k[BENCH_MAX_TRIALS],
 		s64k[BENCH_MAX_TRIALS], lat[BENCH_MAX_TRIALS], pfk[BENCH_MAX_TRIALS], once, unused;
+	unsigned npfk = 0;
 	struct cpu_sample c0, c1;
 	int ret;
 
@@ -693,12 +696,16 @@ static int measure(const struct config *c, const struct kvcache *kc, struct batc
 			fprintf(stderr, "decode: memory latency: %s\n", strerror(-ret));
 			return ret;
 		}
-		pfk[t] = NAN;
-		if (b->bytes / 4096 >= PREFETCH_BURST &&
-		    (ret = bench_readbw_prefetch_kept(rb, b->bytes, PREFETCH_BURST, PREFETCH_ROUNDS,
-						      &pfk[t])) < 0) {
-			fprintf(stderr, "decode: prefetches kept: %s\n", strerror(-ret));
-			return ret;
+		if (b->bytes / 4096 >= PREFETCH_BURST) {
+			double kept;
+
+			if ((ret = bench_readbw_prefetch_kept(rb, b->bytes, PREFETCH_BURST,
+							      PREFETCH_ROUNDS, &kept)) < 0) {
+				fprintf(stderr, "decode: prefetches kept: %s\n", strerror(-ret));
+				return ret;
+			}
+			if (isfinite(kept)) /* the median of the trials that could count */
+				pfk[npfk++] = kept;
 		}
 		if (isa != KVA_ISA_SCALAR &&
 		    (ret = bench_roofline(isa, c->dtype, c->group, c->threads,
@@ -713,7 +720,7 @@ static int measure(const struct config *c, const struct kvcache *kc, struct batc
 	f->scatter4k_gbps = (double)b->bytes / bench_median(s4k, o->trials);
 	f->scatter64k_gbps = (double)b->bytes / bench_median(s64k, o->trials);
 	f->latency_ns = bench_median(lat, o->trials);
-	f->prefetch_kept = bench_median(pfk, o->trials);
+	f->prefetch_kept = bench_median(pfk, npfk); /* NaN if none */
 	f->roofline_gbps = isa == KVA_ISA_SCALAR ? NAN : bench_median(roof, o->trials);
 	/* b->out now holds kvarena's answer, which the naive one is checked against */
 	measure_naive(c, kc, b, o->quick ? 1 : NAIVE_TRIALS, f);

@@ -22,6 +22,7 @@
  * pool, so the ceiling pays the same TLB misses the kernel does.
  */
 #include <errno.h>
+#include <math.h>
 #include <immintrin.h>
 #include <pthread.h>
 #include <stdbool.h>
@@ -453,7 +454,7 @@ int bench_readbw_prefetch_kept(struct bench_readbw *r, size_t bytes, unsigned bu
 			       unsigned rounds, double *kept)
 {
 	const char **line;
-	double *cold, *hot, limit;
+	double *cold, *hot, cold_ticks, hot_ticks, limit;
 	uint64_t missed = 0;
 	int ret;
 
@@ -475,7 +476,16 @@ int bench_readbw_prefetch_kept(struct bench_readbw *r, size_t bytes, unsigned bu
 		cold[i] = (double)timed_load(line[i]);
 		hot[i] = (double)timed_load(line[i]);
 	}
-	limit = (bench_median(cold, burst) + bench_median(hot, burst)) / 2;
+	cold_ticks = bench_median(cold, burst);
+	hot_ticks = bench_median(hot, burst);
+	if (!(cold_ticks >= 2 * hot_ticks)) {
+		/* memory and cache look alike (a flush that did nothing, a
+		 * machine under emulation): no count, rather than a wrong one */
+		*kept = NAN;
+		ret = 0;
+		goto out;
+	}
+	limit = (cold_ticks + hot_ticks) / 2;
 	for (unsigned k = 1; k <= rounds; k++) {
 		uint64_t until;
 
