@@ -10,10 +10,19 @@
  * where the group allows, with at most 16 registers live:
  *
  *   scores      3 tokens x 4 heads: 3 K chunks in registers, q from memory
- *               6 x 2 and 12 x 1: q chunks in registers, K chunks in turn
+ *               6 x 2: q chunks in registers, K chunks in turn
+ *               one head: 2 tokens at a time, each K row from start to
+ *               end into 6 partial sums, q from memory
  *   output      4 heads x 3 chunks: the chunks converted once into three
  *               registers, each head's p broadcast into the sixteenth;
- *               2 heads x 4 and 1 x 8: the V chunks loaded in turn
+ *               2 heads x 4: the V chunks loaded in turn
+ *               one head: 16 chunks a pass (a row of head_dim 128 whole),
+ *               8 accumulators in registers and 8 in L1
+ *
+ * Out of cache, how many rows the loads are spread over at once counts as
+ * much as the arithmetic (measured on Zen 3, AVX2, group 1): scores over
+ * 12 rows a chunk at a time read less than over 2 rows each from start to
+ * end (README, twelfth session).
  *
  * and read each K and V line of a head once per block where the group allows
  * (all heads of a group at once): one head's rows are 256-byte pieces at a
@@ -124,6 +133,47 @@ AI void score_body(const struct kva__tile *t, const struct kva__rows *bk, size_t
 		a[j] = _mm256_setzero_ps();
 	for (int tt = 0; tt < nt; tt++)
 		kr[tt] = bk->k[i + tt] + hoff;
+	if (TB == 12 && GB == 1 && nt == TB && ng == GB) {
+		/*
+		 * One head: two tokens at a time, each K row read from its
+		 * start to its end into 6 partial sums (12 accumulators, q from
+		 * L1), not all 12 rows a chunk at a time as below. Group 1 on
+		 * Zen 3 (AVX2, f16), as the median of 7-10 runs alternating
+		 * with other builds: over 12 rows at once it read 0.69-0.76 of
+		 * the sweep, over 6 0.68, 3 0.77-0.80, 2 0.82-0.85 and 1 0.72
+		 * (README, twelfth session).
+		 */
+		__m256 sum[12];
+
+		for (int j0 = 0; j0 < 12; j0 += 2) {
+			int c = 0;
+
+			for (int k = 0; k < 12; k++)
+				a[k] = _mm256_setzero_ps();
+			for (; c + 6 <= NC; c += 6)
+				for (int k = 0; k < 6; k++)
+					for (int j = 0; j < 2; j++)
+						a[j * 6 + k] = _mm256_fmadd_ps(
+							kva__load8(kr[j0 + j] + (size_t)(c + k) * 8 * esize, dt),
+							_mm256_loadu_ps(qb + (c + k) * 8), a[j * 6 + k]);
+			for (int k = 0; k < 5; k++) /* the last NC % 6 chunks */
+				if (c + k < NC)
+					for (int j = 0; j < 2; j++)
+						a[j * 6 + k] = _mm256_fmadd_ps(
+							kva__load8(kr[j0 + j] + (size_t)(c + k) * 8 * esize, dt),
+							_mm256_loadu_ps(qb + (c + k) * 8), a[j * 6 + k]);
+			for (int j = 0; j < 2; j++) {
+				const __m256 *p = a + j * 6;
+
+				sum[j0 + j] = _mm256_add_ps(
+					_mm256_add_ps(_mm256_add_ps(p[0], p[1]), _mm256_add_ps(p[2], p[3])),
+					_mm256_add_ps(p[4], p[5]));
+			}
+		}
+		_mm256_storeu_ps(&s[g0][i], reduce8(sum));
+		_mm_storeu_ps(&s[g0][i + 8], reduce4(sum + 8));
+		return;
+	}
 	for (int c = 0; c < NC; c++) {
 		if (GB >= 3 || ng > 2) {
 			/* the tokens' K chunks in registers, q from memory
@@ -358,6 +408,58 @@ AI void accumulate_part(const struct kva__tile *t, const struct kva__rows *bk, s
 		accumulate_tail(t, bk, hoff, pf, s, g0, c0, dt, NC, CG, ng, nc);
 }
 
+/*
+ * One head x chunks [c0, c0 + nc), 8 < nc <= 16, in one pass over the
+ * tokens, so that each V row is read from start to end, not in two passes
+ * of half a row: the first 8 chunks' accumulators in registers, the rest
+ * in L1 (a load, an FMA and a store a chunk and token; that chain through
+ * memory is shorter than a token's 16 conversions). On Zen 3 (AVX2, group
+ * 1, f16) it read 0.83 of the sweep against 0.80 in two passes, medians of
+ * 8 alternating runs: less than the runs' spread, but never below.
+ */
+AI void accumulate_one(const struct kva__tile *t, const struct kva__rows *bk, size_t hoff,
+		       struct kva__pf *pf, float s[][ROW], int g0, int c0, const enum kva_dtype dt,
+		       int NC, const int nc)
+{
+	const int D = NC * 8;
+	const size_t esize = kva__esize(dt);
+	float *out = t->acc + (size_t)g0 * D + (size_t)c0 * 8;
+	_Alignas(32) float hi[64];
+	float *hp = hi;
+	__m256 acc[8];
+
+	for (int cc = 0; cc < 8; cc++)
+		acc[cc] = _mm256_loadu_ps(out + cc * 8);
+	for (int cc = 8; cc < nc; cc++)
+		_mm256_store_ps(hi + (cc - 8) * 8, _mm256_loadu_ps(out + cc * 8));
+	__asm__ volatile("" : "+r"(hp) : : "memory"); /* hi stays in memory */
+
+	const char *const *vp = bk->v, *const *vend = bk->v + bk->n;
+	const float *sp = &s[g0][0];
+	const size_t off = hoff + (size_t)c0 * 8 * esize;
+
+	for (const char *const *cend; vp < vend;) {
+		kva__pf_step(pf);
+		cend = vend - vp > ACC_STEP ? vp + ACC_STEP : vend;
+		for (; vp < cend; vp++, sp++) {
+			const char *row = *vp + off;
+			__m256 b = _mm256_broadcast_ss(sp);
+
+			for (int cc = 0; cc < 8; cc++)
+				acc[cc] = _mm256_fmadd_ps(b, kva__load8(row + (size_t)cc * 8 * esize, dt),
+							  acc[cc]);
+			for (int cc = 8; cc < nc; cc++)
+				_mm256_store_ps(hp + (cc - 8) * 8,
+						_mm256_fmadd_ps(b, kva__load8(row + (size_t)cc * 8 * esize, dt),
+								_mm256_load_ps(hp + (cc - 8) * 8)));
+		}
+	}
+	for (int cc = 0; cc < 8; cc++)
+		_mm256_storeu_ps(out + cc * 8, acc[cc]);
+	for (int cc = 8; cc < nc; cc++)
+		_mm256_storeu_ps(out + cc * 8, _mm256_load_ps(hp + (cc - 8) * 8));
+}
+
 /* the chunks of a part: 3-chunk parts end 3 + 1 as 2 + 2 (8 accumulators, not 4) */
 static inline int part_chunks(int NC, int c0, int CG)
 {
@@ -395,7 +497,7 @@ static inline int score_tb(int rest)
 
 static inline int out_cg(int rest)
 {
-	return rest >= 3 ? 3 : rest == 2 ? 4 : 8;
+	return rest >= 3 ? 3 : rest == 2 ? 4 : 16;
 }
 
 /* a prefetch step every ACC_STEP tokens of each part */
@@ -410,7 +512,15 @@ AI void accumulate(const struct kva__tile *t, const struct kva__rows *bk, size_t
 		else if (rest == 2)
 			accumulate_heads(t, bk, hoff, pf, s, g0, dt, NC, 2, 4);
 		else
-			accumulate_heads(t, bk, hoff, pf, s, g0, dt, NC, 1, 8);
+			for (int c0 = 0; c0 < NC; c0 += 16) {
+				if (NC - c0 == 16)
+					accumulate_one(t, bk, hoff, pf, s, g0, c0, dt, NC, 16);
+				else if (NC - c0 > 8)
+					accumulate_one(t, bk, hoff, pf, s, g0, c0, dt, NC,
+						       NC - c0 < 16 ? NC - c0 : 16);
+				else
+					accumulate_part(t, bk, hoff, pf, s, g0, c0, dt, NC, 1, 8);
+			}
 	}
 }
 
