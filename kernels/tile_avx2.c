@@ -140,7 +140,7 @@ AI void score_body(const struct kva__tile *t, const struct kva__rows *bk, size_t
 		 * L1), not all 12 rows a chunk at a time as below. Group 1 on
 		 * Zen 3 (AVX2, f16), as the median of 7-10 runs alternating
 		 * with other builds: over 12 rows at once it read 0.69-0.76 of
-		 * the sweep, over 6 0.68, 3 0.77-0.80, 2 0.82-0.85 and 1 0.72
+		 * the sweep, over 6 0.68, 3 0.77-0.80, 2 0.79-0.88 and 1 0.72
 		 * (README, twelfth session).
 		 */
 		__m256 sum[12];
