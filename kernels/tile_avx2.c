@@ -414,8 +414,9 @@ AI void accumulate_part(const struct kva__tile *t, const struct kva__rows *bk, s
  * of half a row: the first 8 chunks' accumulators in registers, the rest
  * in L1 (a load, an FMA and a store a chunk and token; that chain through
  * memory is shorter than a token's 16 conversions). On Zen 3 (AVX2, group
- * 1, f16) it read 0.83 of the sweep against 0.80 in two passes, medians of
- * 8 alternating runs: less than the runs' spread, but never below.
+ * 1, f16) it read 0.83 of the sweep against 0.80 in two passes, and 0.81
+ * against 0.80 in another comparison (medians of 8 alternating runs each):
+ * less than the runs' spread, but ahead both times.
  */
 AI void accumulate_one(const struct kva__tile *t, const struct kva__rows *bk, size_t hoff,
 		       struct kva__pf *pf, float s[][ROW], int g0, int c0, const enum kva_dtype dt,
