@@ -156,7 +156,10 @@ AI void score_body(const struct kva__tile *t, const struct kva__rows *bk, size_t
 						a[j * 6 + k] = _mm256_fmadd_ps(
 							kva__load8(kr[j0 + j] + (size_t)(c + k) * 8 * esize, dt),
 							_mm256_loadu_ps(qb + (c + k) * 8), a[j * 6 + k]);
-			for (int k = 0; k < 5; k++) /* the last NC % 6 chunks */
+			/* the last NC % 6 chunks, apart: in one loop guarded by
+			 * c + k < NC, head_dim 128 computed 0.85x as fast in L2
+			 * (Zen 3, AVX2, 1 thread, 3 alternating rounds) */
+			for (int k = 0; k < 5; k++)
 				if (c + k < NC)
 					for (int j = 0; j < 2; j++)
 						a[j * 6 + k] = _mm256_fmadd_ps(
@@ -514,11 +517,10 @@ AI void accumulate(const struct kva__tile *t, const struct kva__rows *bk, size_t
 			accumulate_heads(t, bk, hoff, pf, s, g0, dt, NC, 2, 4);
 		else
 			for (int c0 = 0; c0 < NC; c0 += 16) {
-				if (NC - c0 == 16)
+				if (NC - c0 >= 16)
 					accumulate_one(t, bk, hoff, pf, s, g0, c0, dt, NC, 16);
 				else if (NC - c0 > 8)
-					accumulate_one(t, bk, hoff, pf, s, g0, c0, dt, NC,
-						       NC - c0 < 16 ? NC - c0 : 16);
+					accumulate_one(t, bk, hoff, pf, s, g0, c0, dt, NC, NC - c0);
 				else
 					accumulate_part(t, bk, hoff, pf, s, g0, c0, dt, NC, 1, 8);
 			}
