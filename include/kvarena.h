@@ -745,19 +745,22 @@ static inline int kva__free_inline(struct kva_worker *w, const uint32_t *ids, ui
 	/* 1 <= n <= room left in the cache (the slow path, when the cache is
 	 * full, sends blocks back to the arena, all of them if it is short) */
 	if (__builtin_expect(w && ids && n - 1u < c->cap - c->len, 1)) {
+		uint32_t *top = c->ids + c->len;
 		uint32_t k;
 
-		/* all ours alone? clearing as we go also catches an id twice */
+		/* all ours alone? clearing as we go also catches an id twice;
+		 * each id goes above the cache's top as it is checked, loaded
+		 * once (read again after the store to held[], which may alias
+		 * ids[] as far as the compiler knows, the pair took 1.1x as long) */
 		for (k = 0; k < n; k++) {
 			uint32_t id = ids[k];
 
 			if (__builtin_expect(id >= c->blocks || c->held[id] != KVA__HELD_EXCL, 0))
 				break;
 			c->held[id] = 0;
+			top[k] = id;
 		}
 		if (__builtin_expect(k == n, 1)) {
-			for (k = 0; k < n; k++)
-				c->ids[c->len + k] = ids[k];
 			c->len += n;
 			return 0;
 		}
