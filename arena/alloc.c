@@ -46,13 +46,13 @@ static inline bool under_pressure(struct kva_worker *w)
 {
 	/* a line written only when the arena turns nearly full or stops being:
 	 * in every worker's cache, read-only, almost always */
-	return atomic_load_explicit(&w->arena->pool->pressure, memory_order_relaxed);
+	return atomic_load_explicit(&w->pool->pressure, memory_order_relaxed);
 }
 
 static void set_pressure(struct kva_worker *w, bool on)
 {
 	if (under_pressure(w) != on)
-		atomic_store_explicit(&w->arena->pool->pressure, on, memory_order_relaxed);
+		atomic_store_explicit(&w->pool->pressure, on, memory_order_relaxed);
 }
 
 /* put_block - an exclusive block nobody holds any more goes to the cache. */
@@ -103,7 +103,7 @@ static inline int check_taking(struct kva_worker *w)
 
 	if (ret < 0)
 		return ret;
-	if (unlikely(atomic_load_explicit(&w->arena->pool->agent_state, memory_order_relaxed) ==
+	if (unlikely(atomic_load_explicit(&w->pool->agent_state, memory_order_relaxed) ==
 		     KVA_AGENT_STOPPING))
 		return stopping();
 	return 0;

@@ -705,6 +705,7 @@ struct kva_worker {
 	struct kva_worker_cache c; /* first: the inline fast path's view */
 	struct kva_arena *arena;
 	struct kva__slot *slot;
+	struct kva__pool *pool;     /* arena->pool: one load less on the slow paths */
 	_Atomic uint64_t *desc;
 	uint32_t slot_id;
 	uint32_t gen;

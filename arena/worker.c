@@ -106,6 +106,7 @@ static int worker_make(struct kva_arena *a, uint32_t id, uint32_t gen, const cha
 	if (!w->c.held)
 		goto fail;
 	w->arena = a;
+	w->pool = a->pool;
 	w->desc = a->desc;
 	w->l0 = a->l0;
 	w->snap_word = UINT32_MAX;
