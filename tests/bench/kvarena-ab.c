@@ -1,0 +1,284 @@
+/* SPDX-License-Identifier: MIT */
+/*
+ * kvarena-ab - kva_decode of several builds of libkvarena in one process, in
+ * turns over the same paged KV cache: a paired comparison of builds, for
+ * whoever changes the kernels.
+ *
+ *   kvarena-ab [options] LIB LIB...   (each LIB a path to a libkvarena.so)
+ *
+ * Each build is loaded with dlopen(RTLD_LOCAL) from its own file, so each
+ * has its own symbols, thread pool and scratch; the cache, the page table
+ * and q are this program's, the same for all. A round times every build
+ * once (about 20 ms of calls each), in ABBA order; the speed of build i
+ * against the first is the median over rounds of round time of the first /
+ * round time of i. On a host whose speed changes from one run to the next
+ * (the VMs the README's figures come from: 2.8 and 4.5 ns for the same pair
+ * minutes apart), a run of `kvarena-bench decode` per build cannot resolve
+ * a few percent; rounds a few milliseconds apart can.
+ *
+ * The cache: block-major pages as an arena lays them out (a page is one
+ * block: K then V, each [head][token][dim]), f16, in random order over
+ * --pages pages of private memory, random values; q f32.
+ *
+ * Output: one JSON object per build on stdout:
+ *   lib          the path
+ *   gbps         K and V bytes per second, the median round
+ *   gbps_min, gbps_max   the slowest and the fastest round
+ *   speed        the median of (first build's round time / this build's)
+ *   speed_q1, speed_q3   its quartiles
+ *   max_abs_diff the largest difference of an output element from the
+ *                first build's (a build that computes something else shows
+ *                here, not only in the tests)
+ */
+#include <dlfcn.h>
+#include <errno.h>
+#include <getopt.h>
+#include <math.h>
+#include <stdio.h>
+#include <stdlib.h>
+#include <string.h>
+#include <sys/mman.h>
+#include <time.h>
+
+#include "kvarena.h"
+
+#define MAX_LIBS 8
+_Static_assert(sizeof(void *) == sizeof(void (*)(void)), "function pointers are not void *");
+#define MAX_ROUNDS 999
+
+typedef int (*decode_fn)(const struct kva_kv_desc *kv, const struct kva_page_table *pt,
+			 const void *q, enum kva_dtype q_dtype, int32_t num_q_heads, float sm_scale,
+			 void *out, float *lse, const struct kva_decode_opts *opts);
+
+struct ab_opts {
+	int group, threads, batch, context, rounds, kv_heads, head_dim;
+	long pages;
+	enum kva_isa isa;
+};
+
+static double now_s(void)
+{
+	struct timespec t;
+
+	clock_gettime(CLOCK_MONOTONIC, &t);
+	return (double)t.tv_sec + (double)t.tv_nsec * 1e-9;
+}
+
+static int cmp_double(const void *a, const void *b)
+{
+	double x = *(const double *)a, y = *(const double *)b;
+
+	return x < y ? -1 : x > y;
+}
+
+static uint64_t rnd(uint64_t *s)
+{
+	*s = *s * 6364136223846793005ull + 1442695040888963407ull;
+	return *s >> 33;
+}
+
+static void usage(FILE *f)
+{
+	fprintf(f,
+		"usage: kvarena-ab [options] LIB LIB...\n\n"
+		"kva_decode of each libkvarena build in turn, in one process, over the same\n"
+		"paged KV cache (f16, block-major pages of 16 tokens in random order). One\n"
+		"JSON line per build: its median GB/s and its median speed against the first.\n\n"
+		"  --group N      query heads per KV head (default 4)\n"
+		"  --threads N    kva_decode threads (default 2)\n"
+		"  --batch N      sequences (default 8)\n"
+		"  --context N    tokens per sequence (default 4096)\n"
+		"  --kv-heads N   (default 8)\n"
+		"  --head-dim N   (default 128)\n"
+		"  --pages N      pages the sequences' pages are scattered over (default 16384)\n"
+		"  --isa NAME     avx2 (default), avx512, scalar, auto\n"
+		"  --rounds N     rounds, 1..%d (default 30)\n"
+		"  --help         this text\n",
+		MAX_ROUNDS);
+}
+
+static int parse(int argc, char **argv, struct ab_opts *o)
+{
+	static const struct option lo[] = {
+		{ "group", required_argument, 0, 'g' },	 { "threads", required_argument, 0, 't' },
+		{ "batch", required_argument, 0, 'b' },	 { "context", required_argument, 0, 'c' },
+		{ "kv-heads", required_argument, 0, 'k' }, { "head-dim", required_argument, 0, 'd' },
+		{ "pages", required_argument, 0, 'p' },	 { "isa", required_argument, 0, 'i' },
+		{ "rounds", required_argument, 0, 'r' },	 { "help", no_argument, 0, 'h' },
+		{ 0, 0, 0, 0 }
+	};
+	int c;
+
+	*o = (struct ab_opts){ .group = 4, .threads = 2, .batch = 8, .context = 4096, .rounds = 30,
+			       .kv_heads = 8, .head_dim = 128, .pages = 16384, .isa = KVA_ISA_AVX2 };
+	while ((c = getopt_long(argc, argv, "", lo, NULL)) != -1) {
+		switch (c) {
+		case 'g': o->group = atoi(optarg); break;
+		case 't': o->threads = atoi(optarg); break;
+		case 'b': o->batch = atoi(optarg); break;
+		case 'c': o->context = atoi(optarg); break;
+		case 'k': o->kv_heads = atoi(optarg); break;
+		case 'd': o->head_dim = atoi(optarg); break;
+		case 'p': o->pages = atol(optarg); break;
+		case 'r': o->rounds = atoi(optarg); break;
+		case 'i':
+			o->isa = !strcmp(optarg, "avx2")     ? KVA_ISA_AVX2
+				 : !strcmp(optarg, "avx512") ? KVA_ISA_AVX512
+				 : !strcmp(optarg, "scalar") ? KVA_ISA_SCALAR
+				 : !strcmp(optarg, "auto")   ? KVA_ISA_AUTO
+							     : (enum kva_isa)-1;
+			break;
+		case 'h': usage(stdout); exit(0);
+		default: usage(stderr); return -EINVAL;
+		}
+	}
+	if (o->group < 1 || o->group > 64 || o->threads < 1 || o->threads > 256 || o->batch < 1 ||
+	    o->batch > 4096 || o->context < 1 || o->context > (1 << 20) || o->kv_heads < 1 ||
+	    o->kv_heads > 64 || o->head_dim < 1 || o->head_dim > 1024 || o->rounds < 1 ||
+	    o->rounds > MAX_ROUNDS || (int)o->isa < 0 ||
+	    o->pages < (long)o->batch * ((o->context + 15) / 16) || o->pages > (1l << 24)) {
+		fprintf(stderr, "kvarena-ab: an option out of range (--pages must hold batch x "
+				"context / 16 pages)\n");
+		return -EINVAL;
+	}
+	if (argc - optind < 1 || argc - optind > MAX_LIBS) {
+		fprintf(stderr, "kvarena-ab: give 1 to %d library paths\n", MAX_LIBS);
+		return -EINVAL;
+	}
+	return 0;
+}
+
+int main(int argc, char **argv)
+{
+	static double t[MAX_LIBS][MAX_ROUNDS];
+	const int P = 16;
+	struct ab_opts o;
+	decode_fn fn[MAX_LIBS];
+	int nl, ret;
+
+	if (parse(argc, argv, &o) < 0)
+		return 2;
+	nl = argc - optind;
+	for (int i = 0; i < nl; i++) {
+		char path[4096];
+		void *h, *sym;
+
+		/* a name without a slash is a file here, not one to search for */
+		snprintf(path, sizeof(path), "%s%s", strchr(argv[optind + i], '/') ? "" : "./",
+			 argv[optind + i]);
+		h = dlopen(path, RTLD_NOW | RTLD_LOCAL);
+
+		if (!h || !(sym = dlsym(h, "kva_decode"))) {
+			fprintf(stderr, "kvarena-ab: %s\n", dlerror());
+			return 1;
+		}
+		/* POSIX makes dlsym's pointer callable; ISO C has no conversion
+		 * from an object pointer to a function's: the bytes are copied */
+		memcpy(&fn[i], &sym, sizeof(sym));
+		for (int j = 0; j < i; j++)
+			if (fn[j] == fn[i])
+				fprintf(stderr, "kvarena-ab: %s is a build already loaded (the same "
+						"file?): it is compared with itself\n",
+					argv[optind + i]);
+	}
+
+	const int H = o.kv_heads, D = o.head_dim, per_seq = (o.context + P - 1) / P;
+	const size_t page_elems = (size_t)2 * H * P * D, used = (size_t)o.batch * per_seq;
+	const size_t qn = (size_t)o.batch * H * o.group * D;
+	uint16_t *cache = mmap(NULL, (size_t)o.pages * page_elems * 2, PROT_READ | PROT_WRITE,
+			       MAP_PRIVATE | MAP_ANONYMOUS | MAP_NORESERVE, -1, 0);
+	int32_t *perm = malloc((size_t)o.pages * sizeof(*perm));
+	int32_t *indptr = malloc((size_t)(o.batch + 1) * sizeof(*indptr));
+	int32_t *last = malloc((size_t)o.batch * sizeof(*last));
+	float *q = malloc(qn * sizeof(*q)), *out[MAX_LIBS];
+	uint64_t seed = 0x6b766162ull;
+
+	if (cache == MAP_FAILED || !perm || !indptr || !last || !q) {
+		fprintf(stderr, "kvarena-ab: out of memory\n");
+		return 1;
+	}
+	for (int i = 0; i < nl; i++)
+		if (!(out[i] = calloc(qn, sizeof(float)))) {
+			fprintf(stderr, "kvarena-ab: out of memory\n");
+			return 1;
+		}
+	/* the sequences' pages: a random choice of distinct pages, each filled
+	 * with f16 values of magnitude [0.25, 0.5) and a random sign */
+	for (long i = 0; i < o.pages; i++)
+		perm[i] = (int32_t)i;
+	for (size_t i = 0; i < used; i++) {
+		size_t j = i + rnd(&seed) % ((size_t)o.pages - i);
+		int32_t x = perm[i];
+		uint16_t *pg;
+
+		perm[i] = perm[j];
+		perm[j] = x;
+		pg = cache + (size_t)perm[i] * page_elems;
+		for (size_t e = 0; e < page_elems; e++) {
+			uint64_t r = rnd(&seed);
+
+			pg[e] = (uint16_t)(0x3400 + (r & 0x3ff) + ((r & 0x400) << 5));
+		}
+	}
+	indptr[0] = 0;
+	for (int b = 0; b < o.batch; b++) {
+		indptr[b + 1] = indptr[b] + per_seq;
+		last[b] = o.context - (per_seq - 1) * P;
+	}
+	for (size_t i = 0; i < qn; i++)
+		q[i] = (float)(rnd(&seed) % 2001) / 1000.0f - 1.0f;
+
+	const struct kva_kv_desc kv = {
+		.k = cache, .v = cache + (size_t)H * P * D, .page_stride = (int64_t)page_elems,
+		.token_stride = D, .head_stride = (int64_t)P * D, .num_kv_heads = H, .head_dim = D,
+		.dtype = KVA_F16, .page_size = P, .num_pages = (int32_t)o.pages,
+	};
+	const struct kva_page_table pt = { .batch = o.batch, .page_size = P, .indptr = indptr,
+					   .indices = perm, .last_page_len = last };
+	const struct kva_decode_opts dopt = { .threads = o.threads, .isa = o.isa };
+	const float scale = 1.0f / sqrtf((float)D);
+	const double bytes = (double)o.batch * o.context * H * D * 2 * 2;
+	double one;
+	int reps;
+
+	/* warm up every build (its pool, its scratch), and check that it runs */
+	for (int i = 0; i < nl; i++)
+		if ((ret = fn[i](&kv, &pt, q, KVA_F32, H * o.group, scale, out[i], NULL, &dopt)) < 0) {
+			fprintf(stderr, "kvarena-ab: kva_decode of %s: %s\n", argv[optind + i],
+				strerror(-ret));
+			return 1;
+		}
+	one = now_s();
+	fn[0](&kv, &pt, q, KVA_F32, H * o.group, scale, out[0], NULL, &dopt);
+	one = now_s() - one;
+	reps = one >= 0.02 ? 1 : (int)(0.02 / one) + 1;
+	for (int r = 0; r < o.rounds; r++)
+		for (int k = 0; k < nl; k++) {
+			const int i = r & 1 ? nl - 1 - k : k; /* ABBA */
+			double s = now_s();
+
+			for (int n = 0; n < reps; n++)
+				fn[i](&kv, &pt, q, KVA_F32, H * o.group, scale, out[i], NULL, &dopt);
+			t[i][r] = (now_s() - s) / reps;
+		}
+	for (int i = 0; i < nl; i++) {
+		double speed[MAX_ROUNDS], times[MAX_ROUNDS], diff = 0.0;
+		const int R = o.rounds;
+
+		for (int r = 0; r < R; r++) {
+			speed[r] = t[0][r] / t[i][r];
+			times[r] = t[i][r];
+		}
+		for (size_t e = 0; e < qn; e++)
+			diff = fmax(diff, fabs((double)out[i][e] - out[0][e]));
+		qsort(speed, (size_t)R, sizeof(double), cmp_double);
+		qsort(times, (size_t)R, sizeof(double), cmp_double);
+		printf("{\"lib\":\"%s\",\"group\":%d,\"threads\":%d,\"rounds\":%d,\"gbps\":%.2f,"
+		       "\"gbps_min\":%.2f,\"gbps_max\":%.2f,\"speed\":%.3f,\"speed_q1\":%.3f,"
+		       "\"speed_q3\":%.3f,\"max_abs_diff\":%.3g}\n",
+		       argv[optind + i], o.group, o.threads, R, bytes / times[R / 2] / 1e9,
+		       bytes / times[R - 1] / 1e9, bytes / times[0] / 1e9, speed[R / 2], speed[R / 4],
+		       speed[(3 * R) / 4], diff);
+	}
+	return 0;
+}
