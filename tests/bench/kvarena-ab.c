@@ -148,10 +148,142 @@ static int parse(int argc, char **argv, struct ab_opts *o)
 	return 0;
 }
 
-int main(int argc, char **argv)
+/* the cache, its page table, q and each build's output: this program's, the
+ * same for every build */
+struct ab_data {
+	uint16_t *cache;
+	size_t cache_bytes;
+	int32_t *pages, *indptr, *last;
+	float *q, *out[MAX_LIBS];
+};
+
+static void data_free(struct ab_data *d)
+{
+	if (d->cache && d->cache != MAP_FAILED)
+		munmap(d->cache, d->cache_bytes);
+	free(d->pages);
+	free(d->indptr);
+	free(d->last);
+	free(d->q);
+	for (int i = 0; i < MAX_LIBS; i++)
+		free(d->out[i]);
+}
+
+/* the sequences' pages: a random choice of distinct pages of the cache,
+ * each filled with f16 values of magnitude [0.25, 0.5) and a random sign */
+static int data_make(const struct ab_opts *o, int nl, struct ab_data *d)
+{
+	const int P = 16, per_seq = (o->context + P - 1) / P;
+	const size_t page_elems = (size_t)2 * o->kv_heads * P * o->head_dim;
+	const size_t used = (size_t)o->batch * per_seq;
+	const size_t qn = (size_t)o->batch * o->kv_heads * o->group * o->head_dim;
+	uint64_t seed = 0x6b766162ull;
+
+	d->cache_bytes = (size_t)o->pages * page_elems * 2;
+	d->cache = mmap(NULL, d->cache_bytes, PROT_READ | PROT_WRITE,
+			MAP_PRIVATE | MAP_ANONYMOUS | MAP_NORESERVE, -1, 0);
+	d->pages = malloc((size_t)o->pages * sizeof(*d->pages));
+	d->indptr = malloc((size_t)(o->batch + 1) * sizeof(*d->indptr));
+	d->last = malloc((size_t)o->batch * sizeof(*d->last));
+	d->q = malloc(qn * sizeof(*d->q));
+	if (d->cache == MAP_FAILED || !d->pages || !d->indptr || !d->last || !d->q)
+		return -ENOMEM;
+	for (int i = 0; i < nl; i++)
+		if (!(d->out[i] = calloc(qn, sizeof(float))))
+			return -ENOMEM;
+	for (long i = 0; i < o->pages; i++)
+		d->pages[i] = (int32_t)i;
+	for (size_t i = 0; i < used; i++) {
+		size_t j = i + rnd(&seed) % ((size_t)o->pages - i);
+		int32_t x = d->pages[i];
+		uint16_t *pg;
+
+		d->pages[i] = d->pages[j];
+		d->pages[j] = x;
+		pg = d->cache + (size_t)d->pages[i] * page_elems;
+		for (size_t e = 0; e < page_elems; e++) {
+			uint64_t r = rnd(&seed);
+
+			pg[e] = (uint16_t)(0x3400 + (r & 0x3ff) + ((r & 0x400) << 5));
+		}
+	}
+	d->indptr[0] = 0;
+	for (int b = 0; b < o->batch; b++) {
+		d->indptr[b + 1] = d->indptr[b] + per_seq;
+		d->last[b] = o->context - (per_seq - 1) * P;
+	}
+	for (size_t i = 0; i < qn; i++)
+		d->q[i] = (float)(rnd(&seed) % 2001) / 1000.0f - 1.0f;
+	return 0;
+}
+
+/* the rounds, and a line per build */
+static int measure(const struct ab_opts *o, const decode_fn *fn, int nl, char *const *names,
+		   struct ab_data *d)
 {
 	static double t[MAX_LIBS][MAX_ROUNDS];
-	const int P = 16;
+	const int P = 16, H = o->kv_heads, D = o->head_dim, R = o->rounds;
+	const size_t qn = (size_t)o->batch * H * o->group * D;
+	const struct kva_kv_desc kv = {
+		.k = d->cache, .v = d->cache + (size_t)H * P * D,
+		.page_stride = (int64_t)2 * H * P * D, .token_stride = D,
+		.head_stride = (int64_t)P * D, .num_kv_heads = H, .head_dim = D,
+		.dtype = KVA_F16, .page_size = P, .num_pages = (int32_t)o->pages,
+	};
+	const struct kva_page_table pt = { .batch = o->batch, .page_size = P, .indptr = d->indptr,
+					   .indices = d->pages, .last_page_len = d->last };
+	const struct kva_decode_opts dopt = { .threads = o->threads, .isa = o->isa };
+	const float scale = 1.0f / sqrtf((float)D);
+	const double bytes = (double)o->batch * o->context * H * D * 2 * 2;
+	double one;
+	int reps, ret;
+
+	/* warm up every build (its pool, its scratch), and check that it runs */
+	for (int i = 0; i < nl; i++)
+		if ((ret = fn[i](&kv, &pt, d->q, KVA_F32, H * o->group, scale, d->out[i], NULL,
+				 &dopt)) < 0) {
+			fprintf(stderr, "kvarena-ab: kva_decode of %s: %s\n", names[i],
+				strerror(-ret));
+			return ret;
+		}
+	one = now_s();
+	fn[0](&kv, &pt, d->q, KVA_F32, H * o->group, scale, d->out[0], NULL, &dopt);
+	one = now_s() - one;
+	reps = one >= 0.02 ? 1 : (int)(0.02 / one) + 1;
+	for (int r = 0; r < R; r++)
+		for (int k = 0; k < nl; k++) {
+			const int i = r & 1 ? nl - 1 - k : k; /* ABBA */
+			double s = now_s();
+
+			for (int n = 0; n < reps; n++)
+				fn[i](&kv, &pt, d->q, KVA_F32, H * o->group, scale, d->out[i], NULL,
+				      &dopt);
+			t[i][r] = (now_s() - s) / reps;
+		}
+	for (int i = 0; i < nl; i++) {
+		double speed[MAX_ROUNDS], times[MAX_ROUNDS], diff = 0.0;
+
+		for (int r = 0; r < R; r++) {
+			speed[r] = t[0][r] / t[i][r];
+			times[r] = t[i][r];
+		}
+		for (size_t e = 0; e < qn; e++)
+			diff = fmax(diff, fabs((double)d->out[i][e] - d->out[0][e]));
+		qsort(speed, (size_t)R, sizeof(double), cmp_double);
+		qsort(times, (size_t)R, sizeof(double), cmp_double);
+		printf("{\"lib\":\"%s\",\"group\":%d,\"threads\":%d,\"rounds\":%d,\"gbps\":%.2f,"
+		       "\"gbps_min\":%.2f,\"gbps_max\":%.2f,\"speed\":%.3f,\"speed_q1\":%.3f,"
+		       "\"speed_q3\":%.3f,\"max_abs_diff\":%.3g}\n",
+		       names[i], o->group, o->threads, R, bytes / times[R / 2] / 1e9,
+		       bytes / times[R - 1] / 1e9, bytes / times[0] / 1e9, speed[R / 2], speed[R / 4],
+		       speed[(3 * R) / 4], diff);
+	}
+	return 0;
+}
+
+int main(int argc, char **argv)
+{
+	struct ab_data d = { 0 };
 	struct ab_opts o;
 	decode_fn fn[MAX_LIBS];
 	int nl, ret;
@@ -167,7 +299,6 @@ int main(int argc, char **argv)
 		snprintf(path, sizeof(path), "%s%s", strchr(argv[optind + i], '/') ? "" : "./",
 			 argv[optind + i]);
 		h = dlopen(path, RTLD_NOW | RTLD_LOCAL);
-
 		if (!h || !(sym = dlsym(h, "kva_decode"))) {
 			fprintf(stderr, "kvarena-ab: %s\n", dlerror());
 			return 1;
@@ -181,104 +312,10 @@ int main(int argc, char **argv)
 						"file?): it is compared with itself\n",
 					argv[optind + i]);
 	}
-
-	const int H = o.kv_heads, D = o.head_dim, per_seq = (o.context + P - 1) / P;
-	const size_t page_elems = (size_t)2 * H * P * D, used = (size_t)o.batch * per_seq;
-	const size_t qn = (size_t)o.batch * H * o.group * D;
-	uint16_t *cache = mmap(NULL, (size_t)o.pages * page_elems * 2, PROT_READ | PROT_WRITE,
-			       MAP_PRIVATE | MAP_ANONYMOUS | MAP_NORESERVE, -1, 0);
-	int32_t *perm = malloc((size_t)o.pages * sizeof(*perm));
-	int32_t *indptr = malloc((size_t)(o.batch + 1) * sizeof(*indptr));
-	int32_t *last = malloc((size_t)o.batch * sizeof(*last));
-	float *q = malloc(qn * sizeof(*q)), *out[MAX_LIBS];
-	uint64_t seed = 0x6b766162ull;
-
-	if (cache == MAP_FAILED || !perm || !indptr || !last || !q) {
+	if ((ret = data_make(&o, nl, &d)) < 0)
 		fprintf(stderr, "kvarena-ab: out of memory\n");
-		return 1;
-	}
-	for (int i = 0; i < nl; i++)
-		if (!(out[i] = calloc(qn, sizeof(float)))) {
-			fprintf(stderr, "kvarena-ab: out of memory\n");
-			return 1;
-		}
-	/* the sequences' pages: a random choice of distinct pages, each filled
-	 * with f16 values of magnitude [0.25, 0.5) and a random sign */
-	for (long i = 0; i < o.pages; i++)
-		perm[i] = (int32_t)i;
-	for (size_t i = 0; i < used; i++) {
-		size_t j = i + rnd(&seed) % ((size_t)o.pages - i);
-		int32_t x = perm[i];
-		uint16_t *pg;
-
-		perm[i] = perm[j];
-		perm[j] = x;
-		pg = cache + (size_t)perm[i] * page_elems;
-		for (size_t e = 0; e < page_elems; e++) {
-			uint64_t r = rnd(&seed);
-
-			pg[e] = (uint16_t)(0x3400 + (r & 0x3ff) + ((r & 0x400) << 5));
-		}
-	}
-	indptr[0] = 0;
-	for (int b = 0; b < o.batch; b++) {
-		indptr[b + 1] = indptr[b] + per_seq;
-		last[b] = o.context - (per_seq - 1) * P;
-	}
-	for (size_t i = 0; i < qn; i++)
-		q[i] = (float)(rnd(&seed) % 2001) / 1000.0f - 1.0f;
-
-	const struct kva_kv_desc kv = {
-		.k = cache, .v = cache + (size_t)H * P * D, .page_stride = (int64_t)page_elems,
-		.token_stride = D, .head_stride = (int64_t)P * D, .num_kv_heads = H, .head_dim = D,
-		.dtype = KVA_F16, .page_size = P, .num_pages = (int32_t)o.pages,
-	};
-	const struct kva_page_table pt = { .batch = o.batch, .page_size = P, .indptr = indptr,
-					   .indices = perm, .last_page_len = last };
-	const struct kva_decode_opts dopt = { .threads = o.threads, .isa = o.isa };
-	const float scale = 1.0f / sqrtf((float)D);
-	const double bytes = (double)o.batch * o.context * H * D * 2 * 2;
-	double one;
-	int reps;
-
-	/* warm up every build (its pool, its scratch), and check that it runs */
-	for (int i = 0; i < nl; i++)
-		if ((ret = fn[i](&kv, &pt, q, KVA_F32, H * o.group, scale, out[i], NULL, &dopt)) < 0) {
-			fprintf(stderr, "kvarena-ab: kva_decode of %s: %s\n", argv[optind + i],
-				strerror(-ret));
-			return 1;
-		}
-	one = now_s();
-	fn[0](&kv, &pt, q, KVA_F32, H * o.group, scale, out[0], NULL, &dopt);
-	one = now_s() - one;
-	reps = one >= 0.02 ? 1 : (int)(0.02 / one) + 1;
-	for (int r = 0; r < o.rounds; r++)
-		for (int k = 0; k < nl; k++) {
-			const int i = r & 1 ? nl - 1 - k : k; /* ABBA */
-			double s = now_s();
-
-			for (int n = 0; n < reps; n++)
-				fn[i](&kv, &pt, q, KVA_F32, H * o.group, scale, out[i], NULL, &dopt);
-			t[i][r] = (now_s() - s) / reps;
-		}
-	for (int i = 0; i < nl; i++) {
-		double speed[MAX_ROUNDS], times[MAX_ROUNDS], diff = 0.0;
-		const int R = o.rounds;
-
-		for (int r = 0; r < R; r++) {
-			speed[r] = t[0][r] / t[i][r];
-			times[r] = t[i][r];
-		}
-		for (size_t e = 0; e < qn; e++)
-			diff = fmax(diff, fabs((double)out[i][e] - out[0][e]));
-		qsort(speed, (size_t)R, sizeof(double), cmp_double);
-		qsort(times, (size_t)R, sizeof(double), cmp_double);
-		printf("{\"lib\":\"%s\",\"group\":%d,\"threads\":%d,\"rounds\":%d,\"gbps\":%.2f,"
-		       "\"gbps_min\":%.2f,\"gbps_max\":%.2f,\"speed\":%.3f,\"speed_q1\":%.3f,"
-		       "\"speed_q3\":%.3f,\"max_abs_diff\":%.3g}\n",
-		       argv[optind + i], o.group, o.threads, R, bytes / times[R / 2] / 1e9,
-		       bytes / times[R - 1] / 1e9, bytes / times[0] / 1e9, speed[R / 2], speed[R / 4],
-		       speed[(3 * R) / 4], diff);
-	}
-	return 0;
+	else
+		ret = measure(&o, fn, nl, argv + optind, &d);
+	data_free(&d);
+	return ret < 0 ? 1 : 0;
 }
