@@ -38,9 +38,12 @@
 #include <stdlib.h>
 #include <string.h>
 #include <sys/mman.h>
-#include <time.h>
 
 #include "kvarena.h"
+/* the clock and the generator (inline in bench.h); not bench.c, whose
+ * functions call the library: a build linked in would stand in the global
+ * scope, where the loaded builds' own calls could bind to it */
+#include "bench.h"
 
 #define MAX_LIBS 8
 _Static_assert(sizeof(void *) == sizeof(void (*)(void)), "function pointers are not void *");
@@ -56,25 +59,11 @@ struct ab_opts {
 	enum kva_isa isa;
 };
 
-static double now_s(void)
-{
-	struct timespec t;
-
-	clock_gettime(CLOCK_MONOTONIC, &t);
-	return (double)t.tv_sec + (double)t.tv_nsec * 1e-9;
-}
-
 static int cmp_double(const void *a, const void *b)
 {
 	double x = *(const double *)a, y = *(const double *)b;
 
 	return x < y ? -1 : x > y;
-}
-
-static uint64_t rnd(uint64_t *s)
-{
-	*s = *s * 6364136223846793005ull + 1442695040888963407ull;
-	return *s >> 33;
 }
 
 static void usage(FILE *f)
@@ -194,7 +183,7 @@ static int data_make(const struct ab_opts *o, int nl, struct ab_data *d)
 	for (long i = 0; i < o->pages; i++)
 		d->pages[i] = (int32_t)i;
 	for (size_t i = 0; i < used; i++) {
-		size_t j = i + rnd(&seed) % ((size_t)o->pages - i);
+		size_t j = i + bench_rand(&seed) % ((size_t)o->pages - i);
 		int32_t x = d->pages[i];
 		uint16_t *pg;
 
@@ -202,7 +191,7 @@ static int data_make(const struct ab_opts *o, int nl, struct ab_data *d)
 		d->pages[j] = x;
 		pg = d->cache + (size_t)d->pages[i] * page_elems;
 		for (size_t e = 0; e < page_elems; e++) {
-			uint64_t r = rnd(&seed);
+			uint64_t r = bench_rand(&seed);
 
 			pg[e] = (uint16_t)(0x3400 + (r & 0x3ff) + ((r & 0x400) << 5));
 		}
@@ -213,7 +202,7 @@ static int data_make(const struct ab_opts *o, int nl, struct ab_data *d)
 		d->last[b] = o->context - (per_seq - 1) * P;
 	}
 	for (size_t i = 0; i < qn; i++)
-		d->q[i] = (float)(rnd(&seed) % 2001) / 1000.0f - 1.0f;
+		d->q[i] = (float)(bench_rand(&seed) % 2001) / 1000.0f - 1.0f;
 	return 0;
 }
 
@@ -235,7 +224,8 @@ static int measure(const struct ab_opts *o, const decode_fn *fn, int nl, char *c
 	const struct kva_decode_opts dopt = { .threads = o->threads, .isa = o->isa };
 	const float scale = 1.0f / sqrtf((float)D);
 	const double bytes = (double)o->batch * o->context * H * D * 2 * 2;
-	double one;
+	const uint64_t turn = 20000000; /* ns: about a build's turn */
+	uint64_t one;
 	int reps, ret;
 
 	/* warm up every build (its pool, its scratch), and check that it runs */
@@ -246,19 +236,19 @@ static int measure(const struct ab_opts *o, const decode_fn *fn, int nl, char *c
 				strerror(-ret));
 			return ret;
 		}
-	one = now_s();
+	one = bench_now_ns();
 	fn[0](&kv, &pt, d->q, KVA_F32, H * o->group, scale, d->out[0], NULL, &dopt);
-	one = now_s() - one;
-	reps = one >= 0.02 ? 1 : (int)(0.02 / one) + 1;
+	one = bench_now_ns() - one;
+	reps = one >= turn ? 1 : (int)(turn / (one + 1)) + 1;
 	for (int r = 0; r < R; r++)
 		for (int k = 0; k < nl; k++) {
 			const int i = r & 1 ? nl - 1 - k : k; /* ABBA */
-			double s = now_s();
+			uint64_t s = bench_now_ns();
 
 			for (int n = 0; n < reps; n++)
 				fn[i](&kv, &pt, d->q, KVA_F32, H * o->group, scale, d->out[i], NULL,
 				      &dopt);
-			t[i][r] = (now_s() - s) / reps;
+			t[i][r] = (double)(bench_now_ns() - s) / reps;
 		}
 	for (int i = 0; i < nl; i++) {
 		double speed[MAX_ROUNDS], times[MAX_ROUNDS], diff = 0.0;
@@ -274,8 +264,8 @@ static int measure(const struct ab_opts *o, const decode_fn *fn, int nl, char *c
 		printf("{\"lib\":\"%s\",\"group\":%d,\"threads\":%d,\"rounds\":%d,\"gbps\":%.2f,"
 		       "\"gbps_min\":%.2f,\"gbps_max\":%.2f,\"speed\":%.3f,\"speed_q1\":%.3f,"
 		       "\"speed_q3\":%.3f,\"max_abs_diff\":%.3g}\n",
-		       names[i], o->group, o->threads, R, bytes / times[R / 2] / 1e9,
-		       bytes / times[R - 1] / 1e9, bytes / times[0] / 1e9, speed[R / 2], speed[R / 4],
+		       names[i], o->group, o->threads, R, bytes / times[R / 2],
+		       bytes / times[R - 1], bytes / times[0], speed[R / 2], speed[R / 4],
 		       speed[(3 * R) / 4], diff);
 	}
 	return 0;
