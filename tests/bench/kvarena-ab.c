@@ -18,10 +18,15 @@
  *
  * The cache: block-major pages as an arena lays them out (a page is one
  * block: K then V, each [head][token][dim]), f16, in random order over
- * --pages pages of private memory, random values; q f32.
+ * --pages pages of private memory, random values; q f32. With --one-page
+ * every page of every sequence is the same page: at --kv-heads 1 its K and
+ * V (8 KiB at head_dim 128) stay in L1, so the rounds time the tile's own
+ * work, with no memory to wait for (the prefetches still issue, to lines
+ * already there).
  *
  * Output: one JSON object per build on stdout:
  *   lib          the path
+ *   group, threads, rounds, one_page   as run
  *   gbps         K and V bytes per second, the median round
  *   gbps_min, gbps_max   the slowest and the fastest round
  *   speed        the median of (first build's round time / this build's)
@@ -57,6 +62,7 @@ struct ab_opts {
 	int group, threads, batch, context, rounds, kv_heads, head_dim;
 	long pages;
 	enum kva_isa isa;
+	bool one_page;
 };
 
 static int cmp_double(const void *a, const void *b)
@@ -80,6 +86,8 @@ static void usage(FILE *f)
 		"  --kv-heads N   (default 8)\n"
 		"  --head-dim N   (default 128)\n"
 		"  --pages N      pages the sequences' pages are scattered over (default 16384)\n"
+		"  --one-page     every page of every sequence is one page (in L1 at\n"
+		"                 --kv-heads 1): the tile's own cost, without memory\n"
 		"  --isa NAME     avx2 (default), avx512, scalar, auto\n"
 		"  --rounds N     rounds, 1..%d (default 30)\n"
 		"  --help         this text\n",
@@ -94,6 +102,7 @@ static int parse(int argc, char **argv, struct ab_opts *o)
 		{ "kv-heads", required_argument, 0, 'k' }, { "head-dim", required_argument, 0, 'd' },
 		{ "pages", required_argument, 0, 'p' },	 { "isa", required_argument, 0, 'i' },
 		{ "rounds", required_argument, 0, 'r' },	 { "help", no_argument, 0, 'h' },
+		{ "one-page", no_argument, 0, '1' },
 		{ 0, 0, 0, 0 }
 	};
 	int c;
@@ -110,6 +119,7 @@ static int parse(int argc, char **argv, struct ab_opts *o)
 		case 'd': o->head_dim = atoi(optarg); break;
 		case 'p': o->pages = atol(optarg); break;
 		case 'r': o->rounds = atoi(optarg); break;
+		case '1': o->one_page = true; break;
 		case 'i':
 			o->isa = !strcmp(optarg, "avx2")     ? KVA_ISA_AVX2
 				 : !strcmp(optarg, "avx512") ? KVA_ISA_AVX512
@@ -158,8 +168,9 @@ static void data_free(struct ab_data *d)
 		free(d->out[i]);
 }
 
-/* the sequences' pages: a random choice of distinct pages of the cache,
- * each filled with f16 values of magnitude [0.25, 0.5) and a random sign */
+/* the sequences' pages: a random choice of distinct pages of the cache (or
+ * one page, the first choice, again and again), each filled with f16 values
+ * of magnitude [0.25, 0.5) and a random sign */
 static int data_make(const struct ab_opts *o, int nl, struct ab_data *d)
 {
 	const int P = 16, per_seq = (o->context + P - 1) / P;
@@ -182,7 +193,7 @@ static int data_make(const struct ab_opts *o, int nl, struct ab_data *d)
 			return -ENOMEM;
 	for (long i = 0; i < o->pages; i++)
 		d->pages[i] = (int32_t)i;
-	for (size_t i = 0; i < used; i++) {
+	for (size_t i = 0; i < (o->one_page ? 1 : used); i++) {
 		size_t j = i + bench_rand(&seed) % ((size_t)o->pages - i);
 		int32_t x = d->pages[i];
 		uint16_t *pg;
@@ -196,6 +207,8 @@ static int data_make(const struct ab_opts *o, int nl, struct ab_data *d)
 			pg[e] = (uint16_t)(0x3400 + (r & 0x3ff) + ((r & 0x400) << 5));
 		}
 	}
+	for (size_t i = 1; o->one_page && i < used; i++)
+		d->pages[i] = d->pages[0];
 	d->indptr[0] = 0;
 	for (int b = 0; b < o->batch; b++) {
 		d->indptr[b + 1] = d->indptr[b] + per_seq;
@@ -261,10 +274,12 @@ static int measure(const struct ab_opts *o, const decode_fn *fn, int nl, char *c
 			diff = fmax(diff, fabs((double)d->out[i][e] - d->out[0][e]));
 		qsort(speed, (size_t)R, sizeof(double), cmp_double);
 		qsort(times, (size_t)R, sizeof(double), cmp_double);
-		printf("{\"lib\":\"%s\",\"group\":%d,\"threads\":%d,\"rounds\":%d,\"gbps\":%.2f,"
+		printf("{\"lib\":\"%s\",\"group\":%d,\"threads\":%d,\"rounds\":%d,\"one_page\":%s,"
+		       "\"gbps\":%.2f,"
 		       "\"gbps_min\":%.2f,\"gbps_max\":%.2f,\"speed\":%.3f,\"speed_q1\":%.3f,"
 		       "\"speed_q3\":%.3f,\"max_abs_diff\":%.3g}\n",
-		       names[i], o->group, o->threads, R, bytes / times[R / 2],
+		       names[i], o->group, o->threads, R, o->one_page ? "true" : "false",
+		       bytes / times[R / 2],
 		       bytes / times[R - 1], bytes / times[0], speed[R / 2], speed[R / 4],
 		       speed[(3 * R) / 4], diff);
 	}
