@@ -22,11 +22,13 @@
  * every page of every sequence is the same page: at --kv-heads 1 its K and
  * V (8 KiB at head_dim 128) stay in L1, so the rounds time the tile's own
  * work, with no memory to wait for (the prefetches still issue, to lines
- * already there).
+ * already there). With --hugepages the cache is on 2 MiB huge pages
+ * (MAP_HUGETLB, from the system's pool), as `kvarena-agent --hugepages`
+ * puts an arena.
  *
  * Output: one JSON object per build on stdout:
  *   lib          the path
- *   group, threads, rounds, one_page   as run
+ *   group, threads, rounds, one_page, hugepages   as run
  *   gbps         K and V bytes per second, the median round
  *   gbps_min, gbps_max   the slowest and the fastest round
  *   speed        the median of (first build's round time / this build's)
@@ -53,6 +55,7 @@
 #define MAX_LIBS 8
 _Static_assert(sizeof(void *) == sizeof(void (*)(void)), "function pointers are not void *");
 #define MAX_ROUNDS 999
+#define HUGE_BYTES ((size_t)2 << 20)
 
 typedef int (*decode_fn)(const struct kva_kv_desc *kv, const struct kva_page_table *pt,
 			 const void *q, enum kva_dtype q_dtype, int32_t num_q_heads, float sm_scale,
@@ -62,7 +65,7 @@ struct ab_opts {
 	int group, threads, batch, context, rounds, kv_heads, head_dim;
 	long pages;
 	enum kva_isa isa;
-	bool one_page;
+	bool one_page, hugepages;
 };
 
 static int cmp_double(const void *a, const void *b)
@@ -88,6 +91,7 @@ static void usage(FILE *f)
 		"  --pages N      pages the sequences' pages are scattered over (default 16384)\n"
 		"  --one-page     every page of every sequence is one page (in L1 at\n"
 		"                 --kv-heads 1): the tile's own cost, without memory\n"
+		"  --hugepages    the cache on 2 MiB huge pages (needs vm.nr_hugepages)\n"
 		"  --isa NAME     avx2 (default), avx512, scalar, auto\n"
 		"  --rounds N     rounds, 1..%d (default 30)\n"
 		"  --help         this text\n",
@@ -102,7 +106,7 @@ static int parse(int argc, char **argv, struct ab_opts *o)
 		{ "kv-heads", required_argument, 0, 'k' }, { "head-dim", required_argument, 0, 'd' },
 		{ "pages", required_argument, 0, 'p' },	 { "isa", required_argument, 0, 'i' },
 		{ "rounds", required_argument, 0, 'r' },	 { "help", no_argument, 0, 'h' },
-		{ "one-page", no_argument, 0, '1' },
+		{ "one-page", no_argument, 0, '1' },	 { "hugepages", no_argument, 0, 'H' },
 		{ 0, 0, 0, 0 }
 	};
 	int c;
@@ -120,6 +124,7 @@ static int parse(int argc, char **argv, struct ab_opts *o)
 		case 'p': o->pages = atol(optarg); break;
 		case 'r': o->rounds = atoi(optarg); break;
 		case '1': o->one_page = true; break;
+		case 'H': o->hugepages = true; break;
 		case 'i':
 			o->isa = !strcmp(optarg, "avx2")     ? KVA_ISA_AVX2
 				 : !strcmp(optarg, "avx512") ? KVA_ISA_AVX512
@@ -168,6 +173,12 @@ static void data_free(struct ab_data *d)
 		free(d->out[i]);
 }
 
+static int oom(void)
+{
+	fprintf(stderr, "kvarena-ab: out of memory\n");
+	return -ENOMEM;
+}
+
 /* the sequences' pages: a random choice of distinct pages of the cache (or
  * one page, the first choice, again and again), each filled with f16 values
  * of magnitude [0.25, 0.5) and a random sign */
@@ -180,17 +191,31 @@ static int data_make(const struct ab_opts *o, int nl, struct ab_data *d)
 	uint64_t seed = 0x6b766162ull;
 
 	d->cache_bytes = (size_t)o->pages * page_elems * 2;
+	if (o->hugepages) /* a whole number of huge pages */
+		d->cache_bytes = (d->cache_bytes + HUGE_BYTES - 1) & ~(HUGE_BYTES - 1);
+	/* huge pages reserved at the mmap (no MAP_NORESERVE): a pool too small
+	 * fails here, not with SIGBUS at a page's first touch */
 	d->cache = mmap(NULL, d->cache_bytes, PROT_READ | PROT_WRITE,
-			MAP_PRIVATE | MAP_ANONYMOUS | MAP_NORESERVE, -1, 0);
+			MAP_PRIVATE | MAP_ANONYMOUS |
+				(o->hugepages ? MAP_HUGETLB : MAP_NORESERVE),
+			-1, 0);
+	if (d->cache == MAP_FAILED && o->hugepages) {
+		int err = errno;
+
+		fprintf(stderr, "kvarena-ab: %zu MiB of huge pages: %s (vm.nr_hugepages: %zu "
+				"free ones are needed)\n",
+			d->cache_bytes >> 20, strerror(err), d->cache_bytes / HUGE_BYTES);
+		return -err;
+	}
 	d->pages = malloc((size_t)o->pages * sizeof(*d->pages));
 	d->indptr = malloc((size_t)(o->batch + 1) * sizeof(*d->indptr));
 	d->last = malloc((size_t)o->batch * sizeof(*d->last));
 	d->q = malloc(qn * sizeof(*d->q));
 	if (d->cache == MAP_FAILED || !d->pages || !d->indptr || !d->last || !d->q)
-		return -ENOMEM;
+		return oom();
 	for (int i = 0; i < nl; i++)
 		if (!(d->out[i] = calloc(qn, sizeof(float))))
-			return -ENOMEM;
+			return oom();
 	for (long i = 0; i < o->pages; i++)
 		d->pages[i] = (int32_t)i;
 	for (size_t i = 0; i < (o->one_page ? 1 : used); i++) {
@@ -274,11 +299,12 @@ static int measure(const struct ab_opts *o, const decode_fn *fn, int nl, char *c
 			diff = fmax(diff, fabs((double)d->out[i][e] - d->out[0][e]));
 		qsort(speed, (size_t)R, sizeof(double), cmp_double);
 		qsort(times, (size_t)R, sizeof(double), cmp_double);
-		printf("{\"lib\":\"%s\",\"group\":%d,\"threads\":%d,\"rounds\":%d,\"one_page\":%s,"
+		printf("{\"lib\":\"%s\",\"group\":%d,\"threads\":%d,\"rounds\":%d,\"one_page\":%s,\"hugepages\":%s,"
 		       "\"gbps\":%.2f,"
 		       "\"gbps_min\":%.2f,\"gbps_max\":%.2f,\"speed\":%.3f,\"speed_q1\":%.3f,"
 		       "\"speed_q3\":%.3f,\"max_abs_diff\":%.3g}\n",
 		       names[i], o->group, o->threads, R, o->one_page ? "true" : "false",
+		       o->hugepages ? "true" : "false",
 		       bytes / times[R / 2],
 		       bytes / times[R - 1], bytes / times[0], speed[R / 2], speed[R / 4],
 		       speed[(3 * R) / 4], diff);
@@ -317,9 +343,7 @@ int main(int argc, char **argv)
 						"file?): it is compared with itself\n",
 					argv[optind + i]);
 	}
-	if ((ret = data_make(&o, nl, &d)) < 0)
-		fprintf(stderr, "kvarena-ab: out of memory\n");
-	else
+	if ((ret = data_make(&o, nl, &d)) == 0)
 		ret = measure(&o, fn, nl, argv + optind, &d);
 	data_free(&d);
 	return ret < 0 ? 1 : 0;
