@@ -639,6 +639,18 @@ static void check_cursor(const struct cache *c, const int32_t *pages, int32_t t0
 		int nruns = 0;
 
 		kva__rows_at(&t, tb, &rows);
+		/* each row's segment ends at the first row after it that is not
+		 * one token stride past the one before, K and V alike (pages end
+		 * to end make one segment: the run of neighbours below, in NHD) */
+		for (int i = 0; i < rows.n; i++) {
+			const size_t tok = (size_t)kv->token_stride * esize;
+			int j = i + 1;
+
+			while (j < rows.n && rows.k[j] == rows.k[j - 1] + tok &&
+			       rows.v[j] == rows.v[j - 1] + tok)
+				j++;
+			assert_int_equal(rows.seg[i], j);
+		}
 		if (one < 0)
 			kva__pf_begin(&pf, &t, &rows, row, steps);
 		else

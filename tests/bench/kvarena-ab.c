@@ -299,15 +299,13 @@ static int measure(const struct ab_opts *o, const decode_fn *fn, int nl, char *c
 			diff = fmax(diff, fabs((double)d->out[i][e] - d->out[0][e]));
 		qsort(speed, (size_t)R, sizeof(double), cmp_double);
 		qsort(times, (size_t)R, sizeof(double), cmp_double);
-		printf("{\"lib\":\"%s\",\"group\":%d,\"threads\":%d,\"rounds\":%d,\"one_page\":%s,\"hugepages\":%s,"
-		       "\"gbps\":%.2f,"
-		       "\"gbps_min\":%.2f,\"gbps_max\":%.2f,\"speed\":%.3f,\"speed_q1\":%.3f,"
-		       "\"speed_q3\":%.3f,\"max_abs_diff\":%.3g}\n",
+		printf("{\"lib\":\"%s\",\"group\":%d,\"threads\":%d,\"rounds\":%d,"
+		       "\"one_page\":%s,\"hugepages\":%s,\"gbps\":%.2f,\"gbps_min\":%.2f,"
+		       "\"gbps_max\":%.2f,\"speed\":%.3f,\"speed_q1\":%.3f,\"speed_q3\":%.3f,"
+		       "\"max_abs_diff\":%.3g}\n",
 		       names[i], o->group, o->threads, R, o->one_page ? "true" : "false",
-		       o->hugepages ? "true" : "false",
-		       bytes / times[R / 2],
-		       bytes / times[R - 1], bytes / times[0], speed[R / 2], speed[R / 4],
-		       speed[(3 * R) / 4], diff);
+		       o->hugepages ? "true" : "false", bytes / times[R / 2], bytes / times[R - 1],
+		       bytes / times[0], speed[R / 2], speed[R / 4], speed[(3 * R) / 4], diff);
 	}
 	return 0;
 }
