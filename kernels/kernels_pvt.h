@@ -115,8 +115,8 @@ static inline const void *kva__row(const struct kva__tile *tl, const void *base,
  * cursor takes its runs and pages by segment, at every head's turn (16
  * turns a block at 8 KV heads, K and V). Worked out here once a block, not
  * by a scan of the rows at each turn: 7% fewer instructions at group 4, and
- * 1.07-1.09x as fast at groups 1 and 4 on Zen 3 (AVX2, 8 KV heads, out of
- * cache; README, fourteenth session).
+ * 1.07-1.10x as fast at groups 1 and 4 on Zen 3 (AVX2, 8 KV heads, out of
+ * cache), 1.12-1.17x at one KV head (README, fourteenth session).
  */
 struct kva__rows {
 	const char *k[KVA__BLOCK_TOKENS], *v[KVA__BLOCK_TOKENS];
@@ -149,11 +149,14 @@ static inline void kva__rows_at(const struct kva__tile *t, int32_t tb, struct kv
 		r->k[i] = kp + off * tok_bytes;
 		r->v[i] = vp + off * tok_bytes;
 	}
-	for (int i = r->n - 1; i >= 0; i--)
-		r->seg[i] = (uint8_t)(i + 1 < r->n && (uintptr_t)r->k[i + 1] ==
-							  (uintptr_t)r->k[i] + (uintptr_t)tok_bytes
-					      ? r->seg[i + 1]
-					      : i + 1);
+	/* from the last row back, the end in a register: read back from
+	 * seg[i + 1], each row waited for the store before it */
+	for (int i = r->n - 1, end = r->n; i >= 0; i--) {
+		if (i + 1 < r->n &&
+		    (uintptr_t)r->k[i + 1] != (uintptr_t)r->k[i] + (uintptr_t)tok_bytes)
+			end = i + 1;
+		r->seg[i] = (uint8_t)end;
+	}
 }
 
 static inline size_t kva__head_offset(const struct kva_kv_desc *kv, int32_t i)
