@@ -159,12 +159,10 @@ KVA_HD float kva_max(float a, float b)
 	return a > b ? a : b;
 }
 
-/* 2^(m_old - m_new); 0 when there was nothing (m_old = -inf), and 1 without
- * a call when the max did not move (2^0, what most blocks of a long context
- * and the larger half of every merge have) */
+/* 2^(m_old - m_new); 0 when there was nothing (m_old = -inf) */
 KVA_HD float kva_rescale(float m_old, float m_new)
 {
-	return m_old == -INFINITY ? 0.0f : m_old == m_new ? 1.0f : exp2f(m_old - m_new);
+	return m_old == -INFINITY ? 0.0f : exp2f(m_old - m_new);
 }
 
 /*
