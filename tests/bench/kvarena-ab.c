@@ -28,7 +28,9 @@
  *
  * Output: one JSON object per build on stdout:
  *   lib          the path
- *   group, threads, rounds, one_page, hugepages   as run
+ *   isa          the path asked for (--isa; "auto" is each build's best)
+ *   batch, context, kv_heads, head_dim, group, threads, rounds, one_page,
+ *   hugepages    as run
  *   gbps         K and V bytes per second, the median round
  *   gbps_min, gbps_max   the slowest and the fastest round
  *   speed        the median of (first build's round time / this build's)
@@ -67,6 +69,24 @@ struct ab_opts {
 	enum kva_isa isa;
 	bool one_page, hugepages;
 };
+
+static const char *isa_name(enum kva_isa isa)
+{
+	return isa == KVA_ISA_AVX2 ? "avx2" : isa == KVA_ISA_AVX512 ? "avx512"
+	       : isa == KVA_ISA_SCALAR ? "scalar" : "auto";
+}
+
+/* @s as a JSON string's contents: a path may hold a quote or a backslash */
+static void print_json_string(const char *s)
+{
+	for (; *s; s++)
+		if (*s == '"' || *s == '\\')
+			printf("\\%c", *s);
+		else if ((unsigned char)*s < 0x20)
+			printf("\\u%04x", (unsigned char)*s);
+		else
+			putchar(*s);
+}
 
 static int cmp_double(const void *a, const void *b)
 {
@@ -299,13 +319,17 @@ static int measure(const struct ab_opts *o, const decode_fn *fn, int nl, char *c
 			diff = fmax(diff, fabs((double)d->out[i][e] - d->out[0][e]));
 		qsort(speed, (size_t)R, sizeof(double), cmp_double);
 		qsort(times, (size_t)R, sizeof(double), cmp_double);
-		printf("{\"lib\":\"%s\",\"group\":%d,\"threads\":%d,\"rounds\":%d,"
+		printf("{\"lib\":\"");
+		print_json_string(names[i]);
+		printf("\",\"isa\":\"%s\",\"batch\":%d,\"context\":%d,\"kv_heads\":%d,"
+		       "\"head_dim\":%d,\"group\":%d,\"threads\":%d,\"rounds\":%d,"
 		       "\"one_page\":%s,\"hugepages\":%s,\"gbps\":%.2f,\"gbps_min\":%.2f,"
 		       "\"gbps_max\":%.2f,\"speed\":%.3f,\"speed_q1\":%.3f,\"speed_q3\":%.3f,"
 		       "\"max_abs_diff\":%.3g}\n",
-		       names[i], o->group, o->threads, R, o->one_page ? "true" : "false",
-		       o->hugepages ? "true" : "false", bytes / times[R / 2], bytes / times[R - 1],
-		       bytes / times[0], speed[R / 2], speed[R / 4], speed[(3 * R) / 4], diff);
+		       isa_name(o->isa), o->batch, o->context, o->kv_heads, o->head_dim, o->group,
+		       o->threads, R, o->one_page ? "true" : "false", o->hugepages ? "true" : "false",
+		       bytes / times[R / 2], bytes / times[R - 1], bytes / times[0], speed[R / 2],
+		       speed[R / 4], speed[(3 * R) / 4], diff);
 	}
 	return 0;
 }
