@@ -115,8 +115,9 @@ static inline const void *kva__row(const struct kva__tile *tl, const void *base,
  * cursor takes its runs and pages by segment, at every head's turn (16
  * turns a block at 8 KV heads, K and V). Worked out here once a block, not
  * by a scan of the rows at each turn: 7% fewer instructions at group 4, and
- * 1.07-1.10x as fast at groups 1 and 4 on Zen 3 (AVX2, 8 KV heads, out of
- * cache), 1.12-1.17x at one KV head (README, fourteenth session).
+ * on Zen 3 (AVX2, out of cache, against the build before) 1.05-1.10x as fast
+ * at groups 1 and 4 with 8 KV heads, 1.05-1.17x with one (README,
+ * fourteenth session; the AVX-512 tile shares it, unmeasured).
  */
 struct kva__rows {
 	const char *k[KVA__BLOCK_TOKENS], *v[KVA__BLOCK_TOKENS];
