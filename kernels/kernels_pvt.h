@@ -222,7 +222,9 @@ static inline void kva__scales_at(const struct kva__tile *t, int32_t tb, int n, 
  * Zen 5 (family 26), with twice the read bandwidth a core, T0 read up
  * to 1.1-1.2x more than T1 (avx2 on one thread; both paths on two at
  * group 1; not at group 4 on avx512), with this order or the one before:
- * the hint stays T1, whose loss there is smaller than T0's on Zen 4.
+ * the hint stays T1, whose loss there is smaller than T0's on Zen 4. On
+ * Zen 3 (family 25 model 1, AVX2) T0, T2 and NTA read 0.95-1.03 of T1 at
+ * groups 1 and 4 (README, fifteenth session): no difference there.
  */
 struct kva__pf {
 	const char *p;              /* the next line of the current run to ask for, */
@@ -371,7 +373,14 @@ static inline void kva__pf_lines(struct kva__pf *pf, int lines)
  * token, inline, read no more at group 1 and less at group 4. A core may
  * drop prefetches it cannot start (`prefetch_kept` of kvarena-bench
  * decode: 22-24 of 64 kept on that Zen 3), but bursts cut to fewer lines
- * read no more there either.
+ * read no more there either. Paired in one process on Zen 3 (kvarena-ab,
+ * README fifteenth session), what the cursor costs in the core is this
+ * call: over one page of 8 KV heads (in L2, group 4) the decode without
+ * any cursor computed 1.20-1.29x as fast, with an empty call in the place
+ * of each step 0.99 of the real cursor, with the prefetches and no call
+ * (the common case inline) 1.00-1.07; but out of cache that inline step
+ * read 0.945-1.005 of the call's speed at group 4, and finer steps of it
+ * (every 4 or 2 tokens of the output) 0.89-0.94. The call stays.
  */
 static inline void kva__pf_step(struct kva__pf *pf)
 {
@@ -398,8 +407,11 @@ static inline void kva__pf_step(struct kva__pf *pf)
  *   ahead holds two blocks (384 KiB) in Zen 3's 512 KiB, but blocks of 16
  *   tokens (64 KiB, a page of every head) a block ahead were slower too,
  *   about 0.75 of the turn ahead (README, ninth session: a throwaway
- *   build, not one this tree can make). With a span of one head the two
- *   are the same.
+ *   build, not one this tree can make). Turns of two and four KV heads
+ *   (runs of 8 and 16 KiB in address order) read 0.85-0.90 and 0.80-0.82
+ *   of one head's turns, and a cursor that started a quarter or half a
+ *   turn late 0.82-0.94 (Zen 3, groups 1 and 4, README fifteenth
+ *   session). With a span of one head the two are the same.
  *
  * Past a tile's last block (or turn) the cursor runs over the next tile's
  * first (t->next), so that the next tile does not start cold; a warm tile
