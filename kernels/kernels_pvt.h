@@ -374,13 +374,14 @@ static inline void kva__pf_lines(struct kva__pf *pf, int lines)
  * drop prefetches it cannot start (`prefetch_kept` of kvarena-bench
  * decode: 22-24 of 64 kept on that Zen 3), but bursts cut to fewer lines
  * read no more there either. Paired in one process on Zen 3 (kvarena-ab,
- * README fifteenth session), what the cursor costs in the core is this
- * call: over one page of 8 KV heads (in L2, group 4) the decode without
- * any cursor computed 1.20-1.29x as fast, with an empty call in the place
- * of each step 0.99 of the real cursor, with the prefetches and no call
- * (the common case inline) 1.00-1.07; but out of cache that inline step
- * read 0.945-1.005 of the call's speed at group 4, and finer steps of it
- * (every 4 or 2 tokens of the output) 0.89-0.94. The call stays.
+ * README fifteenth session), over one page of 8 KV heads (in L2, group
+ * 4): without any cursor the decode computed 1.20-1.33x as fast, with an
+ * empty call in the place of each step 0.96-1.09 of the real cursor, with
+ * the prefetches and no call (the common case inline) 1.00-1.07; so about
+ * half of the cursor's cost in the core is this call. But out of cache
+ * the inline step read 0.945-1.005 of the call's speed at group 4, and
+ * finer steps of it (every 4 or 2 tokens of the output) 0.89-0.94: the
+ * call stays.
  */
 static inline void kva__pf_step(struct kva__pf *pf)
 {
