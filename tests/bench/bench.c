@@ -62,47 +62,6 @@ void bench_line_str(struct bench_line *l, const char *key, const char *v)
 	line_add(l, ",\"%s\":\"%s\"", key, v);
 }
 
-size_t bench_json_escape(const char *s, char *out, size_t len)
-{
-	static const char hex[] = "0123456789abcdef";
-	size_t n = 0;
-
-	if (!len)
-		return 0;
-	for (; *s; s++) {
-		unsigned char c = (unsigned char)*s;
-		char e[6] = { '\\', (char)c };
-		size_t k = 2;
-
-		if (c == '\n') {
-			e[1] = 'n';
-		} else if (c == '\t') {
-			e[1] = 't';
-		} else if (c < 0x20) {
-			memcpy(e, "\\u00", 4);
-			e[4] = hex[c >> 4];
-			e[5] = hex[c & 15];
-			k = 6;
-		} else if (c != '"' && c != '\\') {
-			e[0] = (char)c;
-			k = 1;
-		}
-		if (n + k >= len) {
-			/* cut short: no half escape, and no half of a UTF-8
-			 * character (its continuation bytes, then its lead) */
-			while (n && ((unsigned char)out[n - 1] & 0xc0) == 0x80)
-				n--;
-			if (n && (unsigned char)out[n - 1] >= 0xc0)
-				n--;
-			break;
-		}
-		memcpy(out + n, e, k);
-		n += k;
-	}
-	out[n] = '\0';
-	return n;
-}
-
 void bench_line_text(struct bench_line *l, const char *key, const char *v)
 {
 	char esc[512];

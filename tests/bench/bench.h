@@ -15,6 +15,7 @@
 #include <stdbool.h>
 #include <stddef.h>
 #include <stdint.h>
+#include <string.h>
 #include <sys/types.h>
 #include <time.h>
 
@@ -219,8 +220,48 @@ void bench_line_bool(struct bench_line *l, const char *key, bool v);
  * bench_json_escape - @s as the inside of a JSON string: '"' and '\'
  * escaped, control characters as \n, \t or \u00XX, in @out (@len bytes,
  * NUL-terminated, cut at a whole escape). Return: the length written.
+ * Inline: kvarena-ab, which links nothing of bench.c, uses it too.
  */
-size_t bench_json_escape(const char *s, char *out, size_t len);
+static inline size_t bench_json_escape(const char *s, char *out, size_t len)
+{
+	static const char hex[] = "0123456789abcdef";
+	size_t n = 0;
+
+	if (!len)
+		return 0;
+	for (; *s; s++) {
+		unsigned char c = (unsigned char)*s;
+		char e[6] = { '\\', (char)c };
+		size_t k = 2;
+
+		if (c == '\n') {
+			e[1] = 'n';
+		} else if (c == '\t') {
+			e[1] = 't';
+		} else if (c < 0x20) {
+			memcpy(e, "\\u00", 4);
+			e[4] = hex[c >> 4];
+			e[5] = hex[c & 15];
+			k = 6;
+		} else if (c != '"' && c != '\\') {
+			e[0] = (char)c;
+			k = 1;
+		}
+		if (n + k >= len) {
+			/* cut short: no half escape, and no half of a UTF-8
+			 * character (its continuation bytes, then its lead) */
+			while (n && ((unsigned char)out[n - 1] & 0xc0) == 0x80)
+				n--;
+			if (n && (unsigned char)out[n - 1] >= 0xc0)
+				n--;
+			break;
+		}
+		memcpy(out + n, e, k);
+		n += k;
+	}
+	out[n] = '\0';
+	return n;
+}
 /* Return: 0, -ENOBUFS (the line outgrew its buffer), -EIO (stdout failed). */
 int bench_line_print(struct bench_line *l);
 

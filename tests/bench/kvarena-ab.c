@@ -42,6 +42,7 @@
 #include <dlfcn.h>
 #include <errno.h>
 #include <getopt.h>
+#include <limits.h>
 #include <math.h>
 #include <stdio.h>
 #include <stdlib.h>
@@ -67,26 +68,9 @@ struct ab_opts {
 	int group, threads, batch, context, rounds, kv_heads, head_dim;
 	long pages;
 	enum kva_isa isa;
+	const char *isa_name; /* as given to --isa */
 	bool one_page, hugepages;
 };
-
-static const char *isa_name(enum kva_isa isa)
-{
-	return isa == KVA_ISA_AVX2 ? "avx2" : isa == KVA_ISA_AVX512 ? "avx512"
-	       : isa == KVA_ISA_SCALAR ? "scalar" : "auto";
-}
-
-/* @s as a JSON string's contents: a path may hold a quote or a backslash */
-static void print_json_string(const char *s)
-{
-	for (; *s; s++)
-		if (*s == '"' || *s == '\\')
-			printf("\\%c", *s);
-		else if ((unsigned char)*s < 0x20)
-			printf("\\u%04x", (unsigned char)*s);
-		else
-			putchar(*s);
-}
 
 static int cmp_double(const void *a, const void *b)
 {
@@ -132,7 +116,8 @@ static int parse(int argc, char **argv, struct ab_opts *o)
 	int c;
 
 	*o = (struct ab_opts){ .group = 4, .threads = 2, .batch = 8, .context = 4096, .rounds = 30,
-			       .kv_heads = 8, .head_dim = 128, .pages = 16384, .isa = KVA_ISA_AVX2 };
+			       .kv_heads = 8, .head_dim = 128, .pages = 16384, .isa = KVA_ISA_AVX2,
+			       .isa_name = "avx2" };
 	while ((c = getopt_long(argc, argv, "", lo, NULL)) != -1) {
 		switch (c) {
 		case 'g': o->group = atoi(optarg); break;
@@ -151,6 +136,7 @@ static int parse(int argc, char **argv, struct ab_opts *o)
 				 : !strcmp(optarg, "scalar") ? KVA_ISA_SCALAR
 				 : !strcmp(optarg, "auto")   ? KVA_ISA_AUTO
 							     : (enum kva_isa)-1;
+			o->isa_name = optarg;
 			break;
 		case 'h': usage(stdout); exit(0);
 		default: usage(stderr); return -EINVAL;
@@ -310,6 +296,7 @@ static int measure(const struct ab_opts *o, const decode_fn *fn, int nl, char *c
 		}
 	for (int i = 0; i < nl; i++) {
 		double speed[MAX_ROUNDS], times[MAX_ROUNDS], diff = 0.0;
+		static char lib[6 * PATH_MAX + 1]; /* any path dlopen took, escaped whole */
 
 		for (int r = 0; r < R; r++) {
 			speed[r] = t[0][r] / t[i][r];
@@ -319,14 +306,14 @@ static int measure(const struct ab_opts *o, const decode_fn *fn, int nl, char *c
 			diff = fmax(diff, fabs((double)d->out[i][e] - d->out[0][e]));
 		qsort(speed, (size_t)R, sizeof(double), cmp_double);
 		qsort(times, (size_t)R, sizeof(double), cmp_double);
-		printf("{\"lib\":\"");
-		print_json_string(names[i]);
-		printf("\",\"isa\":\"%s\",\"batch\":%d,\"context\":%d,\"kv_heads\":%d,"
+		/* a path may hold a quote or a backslash */
+		bench_json_escape(names[i], lib, sizeof(lib));
+		printf("{\"lib\":\"%s\",\"isa\":\"%s\",\"batch\":%d,\"context\":%d,\"kv_heads\":%d,"
 		       "\"head_dim\":%d,\"group\":%d,\"threads\":%d,\"rounds\":%d,"
 		       "\"one_page\":%s,\"hugepages\":%s,\"gbps\":%.2f,\"gbps_min\":%.2f,"
 		       "\"gbps_max\":%.2f,\"speed\":%.3f,\"speed_q1\":%.3f,\"speed_q3\":%.3f,"
 		       "\"max_abs_diff\":%.3g}\n",
-		       isa_name(o->isa), o->batch, o->context, o->kv_heads, o->head_dim, o->group,
+		       lib, o->isa_name, o->batch, o->context, o->kv_heads, o->head_dim, o->group,
 		       o->threads, R, o->one_page ? "true" : "false", o->hugepages ? "true" : "false",
 		       bytes / times[R / 2], bytes / times[R - 1], bytes / times[0], speed[R / 2],
 		       speed[R / 4], speed[(3 * R) / 4], diff);
