@@ -28,7 +28,6 @@
 #include <immintrin.h>
 #include <pthread.h>
 #include <sched.h>
-#include <stdatomic.h>
 #include <stdlib.h>
 #include <string.h>
 #include <time.h>
@@ -151,14 +150,17 @@ struct job {
 	enum kva_isa isa;
 	enum kva_dtype dt;
 	unsigned group, passes;
-	_Atomic unsigned ready; /* threads with their buffers filled */
-	_Atomic int go;         /* 1: start, -1: give up (a thread could not be made) */
+	pthread_mutex_t lock;
+	pthread_cond_t cv;
+	unsigned ready; /* threads with their buffers filled */
+	int go;         /* 1: start, -1: give up (a thread could not be made) */
 	float sink[MAX_THREADS][16];
 };
 
 struct worker {
 	struct job *j;
 	unsigned index;
+	int cpu; /* the CPU it runs on, or -1: wherever it is put */
 };
 
 static void run_one(struct job *j, unsigned index)
@@ -167,6 +169,7 @@ static void run_one(struct job *j, unsigned index)
 	/* on lines of their own: a vector across two lines is two loads */
 	float *q = aligned_alloc(64, sizeof(float) * 16 * (j->group ? j->group : 1));
 	uint64_t x = 0x9e3779b97f4a7c15ull * (index + 1);
+	int go;
 
 	/* finite values in every dtype, none a NaN: halves of 0x38xx (about
 	 * 0.5), bf16 of the same bits (about 2^-15), fp8 bytes below 0x40,
@@ -182,10 +185,15 @@ static void run_one(struct job *j, unsigned index)
 	for (unsigned g = 0; g < 16 * (j->group ? j->group : 1); g++)
 		if (q)
 			q[g] = 1.0f / (float)(g + 1);
-	atomic_fetch_add_explicit(&j->ready, 1, memory_order_relaxed);
-	while (!atomic_load_explicit(&j->go, memory_order_acquire))
-		_mm_pause();
-	if (q && atomic_load_explicit(&j->go, memory_order_relaxed) > 0) {
+	/* asleep until the word, not spinning: see bench_roofline() */
+	pthread_mutex_lock(&j->lock);
+	j->ready++;
+	pthread_cond_broadcast(&j->cv);
+	while (!j->go)
+		pthread_cond_wait(&j->cv, &j->lock);
+	go = j->go;
+	pthread_mutex_unlock(&j->lock);
+	if (q && go > 0) {
 		/* a group beyond what the registers hold, in parts that each
 		 * convert the element again, as a kernel would */
 		const unsigned most = j->isa == KVA_ISA_AVX512 ? 15 : 8;
@@ -207,6 +215,14 @@ static void *worker_main(void *arg)
 {
 	struct worker *w = arg;
 
+	if (w->cpu >= 0) {
+		cpu_set_t one;
+
+		CPU_ZERO(&one);
+		CPU_SET(w->cpu, &one);
+		/* if it cannot be pinned, it runs where it is put */
+		(void)pthread_setaffinity_np(pthread_self(), sizeof(one), &one);
+	}
 	run_one(w->j, w->index);
 	return NULL;
 }
@@ -225,7 +241,9 @@ int bench_roofline(enum kva_isa isa, enum kva_dtype dt, unsigned group, unsigned
 	struct worker w[MAX_THREADS];
 	pthread_t tid[MAX_THREADS];
 	struct job *j;
-	unsigned started = 0;
+	cpu_set_t allowed;
+	int cpu[MAX_THREADS];
+	unsigned started = 0, ncpu = 0;
 	uint64_t t0, t1;
 	int ret = 0;
 
@@ -234,23 +252,45 @@ int bench_roofline(enum kva_isa isa, enum kva_dtype dt, unsigned group, unsigned
 		return -EINVAL;
 	if (!(j = calloc(1, sizeof(*j))))
 		return -ENOMEM;
+	pthread_mutex_init(&j->lock, NULL);
+	pthread_cond_init(&j->cv, NULL);
 	j->isa = isa;
 	j->dt = dt;
 	j->group = group;
 	j->passes = (unsigned)((bytes_per_thread + BUF_BYTES - 1) / BUF_BYTES);
 	if (!j->passes)
 		j->passes = 1;
+	/*
+	 * Each thread on a CPU of its own, the allowed ones in turn: left to
+	 * the scheduler, the threads of a 2-CPU machine were often all put on
+	 * one CPU when made and ran there one after the other (seen on Zen 3
+	 * under KVM: 2 threads 1.0x to 1.2x the bound of 1, both on CPU 0 in
+	 * two trials of three, also with nobody spinning). Past the CPUs
+	 * allowed, they share them in turn, as any threads would.
+	 */
+	if (sched_getaffinity(0, sizeof(allowed), &allowed) < 0)
+		CPU_ZERO(&allowed);
+	for (int c = 0; c < CPU_SETSIZE && ncpu < MAX_THREADS; c++)
+		if (CPU_ISSET(c, &allowed))
+			cpu[ncpu++] = c;
 	for (; started < threads; started++) {
-		w[started] = (struct worker){ j, started };
+		w[started] = (struct worker){ j, started, ncpu ? cpu[started % ncpu] : -1 };
 		if ((ret = -pthread_create(&tid[started], NULL, worker_main, &w[started])))
 			break;
 	}
-	/* every thread fills its buffer, then waits for the word: the clock
-	 * starts when they are all there to hear it */
-	while (!ret && atomic_load_explicit(&j->ready, memory_order_relaxed) < threads)
-		sched_yield();
-	atomic_store_explicit(&j->go, ret ? -1 : 1, memory_order_release);
+	/*
+	 * Every thread fills its buffer, then waits for the word; the clock
+	 * starts when they are all there to hear it. Asleep, not spinning: a
+	 * waiter spinning on a worker's CPU would hold it back.
+	 */
+	pthread_mutex_lock(&j->lock);
+	while (!ret && j->ready < started)
+		pthread_cond_wait(&j->cv, &j->lock);
+	j->go = ret ? -1 : 1;
+	/* before the word: a worker woken on this CPU may run first */
 	t0 = now_ns();
+	pthread_cond_broadcast(&j->cv);
+	pthread_mutex_unlock(&j->lock);
 	for (unsigned i = 0; i < started; i++)
 		pthread_join(tid[i], NULL);
 	t1 = now_ns();
@@ -259,6 +299,8 @@ int bench_roofline(enum kva_isa isa, enum kva_dtype dt, unsigned group, unsigned
 	/* bytes of stored elements converted and multiplied, by every thread */
 	*gbps = (double)j->passes * BUF_BYTES * threads / (double)(t1 - t0 ? t1 - t0 : 1);
 out:
+	pthread_cond_destroy(&j->cv);
+	pthread_mutex_destroy(&j->lock);
 	free(j);
 	return ret;
 }
