@@ -28,6 +28,7 @@
 #include <immintrin.h>
 #include <pthread.h>
 #include <sched.h>
+#include <stdio.h>
 #include <stdlib.h>
 #include <string.h>
 #include <time.h>
@@ -227,6 +228,45 @@ static void *worker_main(void *arg)
 	return NULL;
 }
 
+/*
+ * How many of @c's hardware-thread siblings (its core's CPUs) that we may
+ * run on come before it: 0 for the first CPU of each core. Read from
+ * sysfs ("0-1", "0,64", "5"); 0 if it cannot be read.
+ */
+static unsigned sibling_rank(int c, const cpu_set_t *allowed)
+{
+	char path[96], buf[256];
+	unsigned rank = 0;
+	FILE *f;
+
+	snprintf(path, sizeof(path), "/sys/devices/system/cpu/cpu%d/topology/thread_siblings_list",
+		 c);
+	if (!(f = fopen(path, "r")))
+		return 0;
+	if (!fgets(buf, sizeof(buf), f))
+		buf[0] = '\0';
+	fclose(f);
+	for (char *p = buf;;) {
+		char *e;
+		long a = strtol(p, &e, 10), b = a;
+
+		if (e == p)
+			break;
+		if (*e == '-') {
+			p = e + 1;
+			b = strtol(p, &e, 10);
+			if (e == p)
+				break;
+		}
+		for (long s = a < 0 ? 0 : a; s <= b && s < c; s++) /* s < c < CPU_SETSIZE */
+			rank += CPU_ISSET((int)s, allowed) != 0;
+		if (*e != ',')
+			break;
+		p = e + 1;
+	}
+	return rank;
+}
+
 static uint64_t now_ns(void)
 {
 	struct timespec ts;
@@ -242,6 +282,7 @@ int bench_roofline(enum kva_isa isa, enum kva_dtype dt, unsigned group, unsigned
 	pthread_t tid[MAX_THREADS];
 	struct job *j;
 	cpu_set_t allowed;
+	unsigned rank[CPU_SETSIZE];
 	int cpu[MAX_THREADS];
 	unsigned started = 0, ncpu = 0;
 	uint64_t t0, t1;
@@ -261,18 +302,27 @@ int bench_roofline(enum kva_isa isa, enum kva_dtype dt, unsigned group, unsigned
 	if (!j->passes)
 		j->passes = 1;
 	/*
-	 * Each thread on a CPU of its own, the allowed ones in turn: left to
-	 * the scheduler, the threads of a 2-CPU machine were often all put on
-	 * one CPU when made and ran there one after the other (seen on Zen 3
-	 * under KVM: 2 threads 1.0x to 1.2x the bound of 1, both on CPU 0 in
-	 * two trials of three, also with nobody spinning). Past the CPUs
-	 * allowed, they share them in turn, as any threads would.
+	 * Each thread on a CPU of its own: left to the scheduler, the threads
+	 * of a 2-CPU machine were often all put on one CPU when made and ran
+	 * there one after the other (seen on Zen 3 under KVM: 2 threads 1.0x
+	 * to 1.2x the bound of 1, both on CPU 0 in two trials of three, also
+	 * with nobody spinning). The allowed CPUs are taken a core at a time
+	 * (every core's first hardware thread, then every core's second, ...),
+	 * as the scheduler spreads the decode's own threads: CPUs 0 and 1 are
+	 * one core's two threads on some machines (many VMs number them so).
+	 * Past the CPUs allowed, threads share them in turn, as any would.
 	 */
 	if (sched_getaffinity(0, sizeof(allowed), &allowed) < 0)
 		CPU_ZERO(&allowed);
-	for (int c = 0; c < CPU_SETSIZE && ncpu < MAX_THREADS; c++)
-		if (CPU_ISSET(c, &allowed))
-			cpu[ncpu++] = c;
+	for (int c = 0; c < CPU_SETSIZE; c++)
+		rank[c] = CPU_ISSET(c, &allowed) ? sibling_rank(c, &allowed) : 0;
+	/* a rank is below the count of allowed CPUs: every one is taken */
+	for (unsigned r = 0, left = (unsigned)CPU_COUNT(&allowed); left && ncpu < MAX_THREADS; r++)
+		for (int c = 0; c < CPU_SETSIZE && ncpu < MAX_THREADS; c++)
+			if (CPU_ISSET(c, &allowed) && rank[c] == r) {
+				cpu[ncpu++] = c;
+				left--;
+			}
 	for (; started < threads; started++) {
 		w[started] = (struct worker){ j, started, ncpu ? cpu[started % ncpu] : -1 };
 		if ((ret = -pthread_create(&tid[started], NULL, worker_main, &w[started])))
