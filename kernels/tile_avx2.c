@@ -40,6 +40,18 @@
 /* tokens of a part between prefetch steps (16 and 4 measured slower) */
 #define ACC_STEP 8
 
+/*
+ * ... and of one head's whole rows (accumulate_one: group 1, or a group's
+ * last head). A step spreads a turn's lines over the steps its loops take,
+ * and group 1 takes few (its FMAs are few): at 8 tokens a step each asked
+ * for 44 lines at once, more than a core keeps in flight (about 22 of a
+ * burst of 64 on Zen 3: `prefetch_kept`), at 4 for 29. Zen 3, AVX2,
+ * kvarena-ab, each build in four code layouts: group 1 out of cache
+ * 1.02-1.06x as fast at 4 (4 runs), 0.93 at 16, 1.01-1.02 at 2; in L2 0.96
+ * at 4, 0.93 at 2 (README, seventeenth session).
+ */
+#define ONE_STEP 4
+
 /* lane i = the sum of v[i]'s 8 lanes */
 AI __m256 reduce8(const __m256 v[8])
 {
@@ -444,7 +456,7 @@ AI void accumulate_one(const struct kva__tile *t, const struct kva__rows *bk, si
 
 	for (const char *const *cend; vp < vend;) {
 		kva__pf_step(pf);
-		cend = vend - vp > ACC_STEP ? vp + ACC_STEP : vend;
+		cend = vend - vp > ONE_STEP ? vp + ONE_STEP : vend;
 		for (; vp < cend; vp++, sp++) {
 			const char *row = *vp + off;
 			__m256 b = _mm256_broadcast_ss(sp);
@@ -504,7 +516,7 @@ static inline int out_cg(int rest)
 	return rest >= 3 ? 3 : rest == 2 ? 4 : 16;
 }
 
-/* a prefetch step every ACC_STEP tokens of each part */
+/* a prefetch step every ACC_STEP tokens of each part (ONE_STEP of one head's rows) */
 AI void accumulate(const struct kva__tile *t, const struct kva__rows *bk, size_t hoff,
 		   struct kva__pf *pf, float s[][ROW], const enum kva_dtype dt, int NC)
 {
@@ -538,7 +550,10 @@ static int head_steps(int G, int NC, int n)
 
 		steps += (n + tb - 1) / tb;
 		for (int c0 = 0; c0 < NC; c0 += part_chunks(NC, c0, cg))
-			steps += (n + ACC_STEP - 1) / ACC_STEP;
+			if (rest == 1 && NC - c0 > 8) /* accumulate_one */
+				steps += (n + ONE_STEP - 1) / ONE_STEP;
+			else
+				steps += (n + ACC_STEP - 1) / ACC_STEP;
 	}
 	return steps;
 }
