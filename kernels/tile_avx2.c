@@ -37,7 +37,9 @@
 
 #define AI __attribute__((always_inline)) static inline
 
-/* tokens of a part between prefetch steps (16 and 4 measured slower) */
+/* tokens of a part between prefetch steps (16 and 4 measured slower; on
+ * Zen 3, AVX2, group 4 out of cache, each build in four code layouts: 16
+ * 0.98-0.99, 6 0.96, 4 0.94-0.95: README, seventeenth session) */
 #define ACC_STEP 8
 
 /*
@@ -516,6 +518,13 @@ static inline int out_cg(int rest)
 	return rest >= 3 ? 3 : rest == 2 ? 4 : 16;
 }
 
+/* one head's chunks [c0, NC): accumulate_one()'s (the rest of a row in
+ * one pass), or accumulate_part()'s 8 when no more than 8 are left */
+AI bool one_rows(int NC, int c0)
+{
+	return NC - c0 > 8;
+}
+
 /* a prefetch step every ACC_STEP tokens of each part (ONE_STEP of one head's rows) */
 AI void accumulate(const struct kva__tile *t, const struct kva__rows *bk, size_t hoff,
 		   struct kva__pf *pf, float s[][ROW], const enum kva_dtype dt, int NC)
@@ -531,7 +540,7 @@ AI void accumulate(const struct kva__tile *t, const struct kva__rows *bk, size_t
 			for (int c0 = 0; c0 < NC; c0 += 16) {
 				if (NC - c0 >= 16)
 					accumulate_one(t, bk, hoff, pf, s, g0, c0, dt, NC, 16);
-				else if (NC - c0 > 8)
+				else if (one_rows(NC, c0))
 					accumulate_one(t, bk, hoff, pf, s, g0, c0, dt, NC, NC - c0);
 				else
 					accumulate_part(t, bk, hoff, pf, s, g0, c0, dt, NC, 1, 8);
@@ -550,7 +559,7 @@ static int head_steps(int G, int NC, int n)
 
 		steps += (n + tb - 1) / tb;
 		for (int c0 = 0; c0 < NC; c0 += part_chunks(NC, c0, cg))
-			if (rest == 1 && NC - c0 > 8) /* accumulate_one */
+			if (rest == 1 && one_rows(NC, c0))
 				steps += (n + ONE_STEP - 1) / ONE_STEP;
 			else
 				steps += (n + ACC_STEP - 1) / ACC_STEP;
