@@ -20,6 +20,9 @@
 #include <string.h>
 
 #include <cmocka.h>
+#if defined(__x86_64__) || defined(__i386__)
+#include <xmmintrin.h>
+#endif
 
 #include "decode_math.h"
 #include "kernels_pvt.h"
@@ -1212,6 +1215,47 @@ static void test_half_and_bfloat_round_trip_exhaustively(void **state)
 	assert_int_equal(kva_f32_to_bf16(1.0f + 0x1p-8f), 0x3f80);
 }
 
+/*
+ * The scalar tile's branch-free conversions against decode_math.h's, bit
+ * for bit over every input, in the default floating-point mode and (on
+ * x86) with flush-to-zero and denormals-are-zero set, as a caller's
+ * framework may leave them: neither takes a denormal float as an operand.
+ */
+static void test_branch_free_conversions_are_exact(void **state)
+{
+	(void)state;
+	for (int mode = 0; mode < 2; mode++) {
+#if defined(__x86_64__) || defined(__i386__)
+		const unsigned csr = _mm_getcsr();
+
+		if (mode)
+			_mm_setcsr(csr | 0x8040u); /* FTZ | DAZ */
+#else
+		if (mode)
+			break;
+#endif
+		for (uint32_t i = 0; i < 65536; i++) {
+			volatile uint16_t h = (uint16_t)i; /* computed here, not folded */
+			uint32_t a = kva_f32_bits(kva_f16_to_f32(h));
+			uint32_t b = kva_f32_bits(kva__f16_to_f32_nobranch(h));
+
+			if (a != b)
+				fail_msg("f16 %#06x: %#010x, branch-free %#010x (mode %d)", i, a, b, mode);
+		}
+		for (uint32_t i = 0; i < 256; i++) {
+			volatile uint8_t x = (uint8_t)i;
+			uint32_t a = kva_f32_bits(kva_fp8_to_f32(x));
+			uint32_t b = kva_f32_bits(kva__fp8_to_f32_nobranch(x));
+
+			if (a != b)
+				fail_msg("fp8 %#04x: %#010x, branch-free %#010x (mode %d)", i, a, b, mode);
+		}
+#if defined(__x86_64__) || defined(__i386__)
+		_mm_setcsr(csr);
+#endif
+	}
+}
+
 /* the fp8 value nearest to x, ties to even, by brute force over all 254 */
 static uint8_t fp8_nearest(double x)
 {
@@ -1366,6 +1410,7 @@ int main(void)
 		cmocka_unit_test(test_malformed_decode_arguments_are_einval),
 		cmocka_unit_test(test_block_table_to_csr_reads_only_used_entries),
 		cmocka_unit_test(test_half_and_bfloat_round_trip_exhaustively),
+		cmocka_unit_test(test_branch_free_conversions_are_exact),
 		cmocka_unit_test(test_fp8_encodes_to_the_nearest_value),
 		cmocka_unit_test(test_decode_over_arena_blocks_in_both_layouts),
 	};
