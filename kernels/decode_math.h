@@ -47,20 +47,25 @@ KVA_HD uint32_t kva_f32_bits(float f)
 
 /* ----------------------------------------------------------- formats */
 
-/* IEEE half to float: exact, subnormals, infinities and NaN included. */
+/*
+ * IEEE half to float: exact, subnormals, infinities and NaN (payload kept)
+ * included. Without a branch, so that a loop of them vectorizes (the
+ * portable tile, tile_scalar.c) and a warp does not diverge: the exponent
+ * moved by 112 for normal values, to all-ones for inf and NaN; subnormals
+ * as mant * 2^-24 from an integer conversion, never a multiply of a
+ * denormal float, which a caller's flush-to-zero or denormals-are-zero mode
+ * would change. test_kernels.c checks every input against a plain
+ * branch-by-case reference, in both modes.
+ */
 KVA_HD float kva_f16_to_f32(uint16_t h)
 {
-	uint32_t sign = (uint32_t)(h & 0x8000u) << 16;
-	uint32_t exp = (h >> 10) & 0x1fu, mant = h & 0x3ffu;
+	const uint32_t o = (uint32_t)(h & 0x7fffu) << 13, e = o & 0x0f800000u;
+	/* masks, not conditions */
+	const uint32_t inf = 0u - (uint32_t)(e == 0x0f800000u), sub = 0u - (uint32_t)(e == 0);
+	const uint32_t n = o + (112u << 23) + (inf & (112u << 23)); /* inf, NaN: 255 */
+	const uint32_t s = kva_f32_bits((float)(int32_t)(h & 0x3ffu) * 5.9604644775390625e-8f);
 
-	if (exp == 0x1f)
-		return kva_bits_f32(sign | 0x7f800000u | (mant << 13));
-	if (exp == 0) { /* zero or subnormal: mant * 2^-24 */
-		float f = (float)mant * 5.9604644775390625e-8f;
-
-		return sign ? -f : f;
-	}
-	return kva_bits_f32(sign | ((exp + 112u) << 23) | (mant << 13));
+	return kva_bits_f32(((n & ~sub) | (s & sub)) | (uint32_t)(h & 0x8000u) << 16);
 }
 
 /* float to IEEE half, rounding to nearest even (F. Giesen's method: the
@@ -109,9 +114,11 @@ KVA_HD uint16_t kva_f32_to_bf16(float f)
  */
 KVA_HD float kva_fp8_to_f32(uint8_t x)
 {
-	if ((x & 0x7fu) == 0x7fu)
-		return kva_bits_f32(0x7fc00000u | ((uint32_t)(x & 0x80u) << 24));
-	return kva_f16_to_f32((uint16_t)(((x & 0x7fu) << 7) | ((x & 0x80u) << 8))) * 256.0f;
+	const uint16_t h = (uint16_t)(((x & 0x7fu) << 7) | ((x & 0x80u) << 8));
+	const uint32_t f = kva_f32_bits(kva_f16_to_f32(h) * 256.0f);
+	const uint32_t nan = 0u - (uint32_t)((x & 0x7fu) == 0x7fu); /* a mask, as above */
+
+	return kva_bits_f32((f & ~nan) | ((0x7fc00000u | (uint32_t)(x & 0x80u) << 24) & nan));
 }
 
 #define KVA_FP8_MAX 448.0f

@@ -92,36 +92,6 @@ static inline size_t kva__esize(enum kva_dtype t)
 	return t == KVA_F32 ? 4 : t == KVA_F16 || t == KVA_BF16 ? 2 : 1;
 }
 
-/*
- * IEEE half to float, bit for bit as kva_f16_to_f32, without a branch, so
- * that a loop of them vectorizes (tile_scalar.c): the exponent moved by 112
- * for normal values, inf and NaN (payload kept) to all-ones, subnormals as
- * mant * 2^-24 from an integer conversion (not a multiply of a denormal
- * float, which a caller's flush-to-zero or denormals-are-zero mode would
- * change). test_kernels.c checks all 65536 inputs against kva_f16_to_f32.
- */
-static inline float kva__f16_to_f32_nobranch(uint16_t h)
-{
-	const uint32_t o = (uint32_t)(h & 0x7fffu) << 13, e = o & 0x0f800000u;
-	/* masks, not conditions, so that the loop stays one basic block */
-	const uint32_t inf = 0u - (uint32_t)(e == 0x0f800000u), sub = 0u - (uint32_t)(e == 0);
-	const uint32_t n = o + (112u << 23) + (inf & (112u << 23)); /* inf, NaN: 255 */
-	const uint32_t s = kva_f32_bits((float)(int32_t)(h & 0x3ffu) * 5.9604644775390625e-8f);
-
-	return kva_bits_f32(((n & ~sub) | (s & sub)) | (uint32_t)(h & 0x8000u) << 16);
-}
-
-/* fp8 e4m3 bit for bit as kva_fp8_to_f32: through f16, NaN (S.1111.111) apart */
-static inline float kva__fp8_to_f32_nobranch(uint8_t x)
-{
-	const uint16_t h = (uint16_t)(((x & 0x7fu) << 7) | ((x & 0x80u) << 8));
-	const float f = kva__f16_to_f32_nobranch(h) * 256.0f;
-	const uint32_t nan = 0u - (uint32_t)((x & 0x7fu) == 0x7fu);
-
-	return kva_bits_f32((kva_f32_bits(f) & ~nan) |
-			    ((0x7fc00000u | (uint32_t)(x & 0x80u) << 24) & nan));
-}
-
 /* The address of token @t (in the sequence) of the tile's head in K or V. */
 static inline const void *kva__row(const struct kva__tile *tl, const void *base, int32_t t)
 {

@@ -37,9 +37,11 @@
 
 #define AI __attribute__((always_inline)) static inline
 
-/* tokens of a part between prefetch steps (16 and 4 measured slower; on
- * Zen 3, AVX2, group 4 out of cache, each build in four code layouts: 16
- * 0.98-0.99, 6 0.96, 4 0.94-0.95: README, seventeenth session) */
+/* tokens of a part between prefetch steps. On Zen 3, AVX2, group 4 out of
+ * cache, each build in four code layouts: 16 0.98-0.99, 6 0.96, 4
+ * 0.94-0.95 (README, seventeenth session). On Zen 4 without AVX-512, where
+ * group 4 is bound by the core, 16 read 0.99-1.03 and group 2 1.03-1.07
+ * (eighteenth session): the machines disagree, and 8 stays */
 #define ACC_STEP 8
 
 /*

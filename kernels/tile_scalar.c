@@ -6,10 +6,10 @@
  * of tokens for every query head of the group, fold the block's maximum into
  * the running state, accumulate exp2(score - max) * v.
  *
- * Written so that a compiler can vectorize it for whatever the target has
- * (SSE2 on any x86-64, NEON on arm64): the row conversions without branches
- * (with kva_f16_to_f32's branches, an element at a time, they took about
- * three quarters of the tile's time), and each dot product as 8 partial
+ * Written so that a compiler can vectorize it for the target (SSE2 on any
+ * x86-64; other targets untried): the row conversions are decode_math.h's
+ * branch-free ones (with branches, an element at a time, they took about
+ * three quarters of the tile's time), and each dot product is 8 partial
  * sums in a fixed order, which a compiler may not make of one running sum
  * (it may not reorder float additions). Zen 4 without AVX-512 under KVM,
  * `--isa scalar`, f16: 2.1-2.9x as fast as before (kvarena-ab, groups 1, 4
@@ -26,7 +26,7 @@ static void load_row(const void *row, enum kva_dtype t, int32_t n, float *restri
 		break;
 	case KVA_F16:
 		for (int32_t d = 0; d < n; d++)
-			out[d] = kva__f16_to_f32_nobranch(((const uint16_t *)row)[d]);
+			out[d] = kva_f16_to_f32(((const uint16_t *)row)[d]);
 		break;
 	case KVA_BF16:
 		for (int32_t d = 0; d < n; d++)
@@ -34,7 +34,7 @@ static void load_row(const void *row, enum kva_dtype t, int32_t n, float *restri
 		break;
 	case KVA_FP8_E4M3:
 		for (int32_t d = 0; d < n; d++)
-			out[d] = kva__fp8_to_f32_nobranch(((const uint8_t *)row)[d]);
+			out[d] = kva_fp8_to_f32(((const uint8_t *)row)[d]);
 		break;
 	case KVA_INT8:
 		for (int32_t d = 0; d < n; d++)
@@ -79,9 +79,8 @@ static void head(const struct kva__tile *t)
 			float ks = kva__scale(kv, kv->k_scale, page, tok % P, t->kv_head);
 
 			load_row(kva__row(t, kv->k, tok), kv->dtype, D, row);
-			for (int32_t g = 0; g < G; g++) {
+			for (int32_t g = 0; g < G; g++)
 				s[i][g] = dot(t->q + (size_t)g * D, row, D) * ks;
-			}
 		}
 		for (int32_t g = 0; g < G; g++) {
 			float mb = t->m[g], r;
