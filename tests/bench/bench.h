@@ -295,6 +295,7 @@ enum bench_read_pattern {
 	BENCH_READ_SWEEP = 0, /* each thread reads one contiguous share */
 	BENCH_READ_4K = 1,    /* 4 KiB chunks in a random order, a share each */
 	BENCH_READ_64K = 2,   /* 64 KiB chunks likewise */
+	BENCH_READ_4K_PF = 3, /* BENCH_READ_4K prefetched: bench_readbw_run_prefetched() */
 };
 
 /* A buffer of random bytes, touched, and a team of threads that read it. */
@@ -321,6 +322,17 @@ const char *bench_readbw_isa(const struct bench_readbw *r);
  */
 int bench_readbw_run(struct bench_readbw *r, enum bench_read_pattern pattern, size_t bytes,
 		     unsigned threads, unsigned reps, uint64_t *elapsed_ns);
+
+/*
+ * bench_readbw_run_prefetched - BENCH_READ_4K, each thread's share of the
+ * random 4 KiB order read as the tiles read pages: while a chunk is read,
+ * a prefetcht1 of each line of the chunk @distance bytes further along the
+ * share (a multiple of 4 KiB), a few lines at a time; the first @distance
+ * bytes asked for before the first read. @bytes a multiple of 4 KiB.
+ * Return: 0, -EINVAL, -ENOMEM.
+ */
+int bench_readbw_run_prefetched(struct bench_readbw *r, size_t bytes, size_t distance,
+				unsigned threads, unsigned reps, uint64_t *elapsed_ns);
 
 /*
  * bench_readbw_latency - what one load costs when its address is the value

@@ -53,6 +53,15 @@
  *                      chunks in random order: how much of the ceiling a
  *                      paged layout can hope for (not the ceiling: the
  *                      sweep is the figure a kernel is held to)
+ *   scatter4k_pf_gbps  the 4 KiB chunks again, with software prefetches as
+ *                      the tiles issue them (prefetcht1, a few lines at a
+ *                      time, spread over the reads, a distance ahead in
+ *                      each thread's order; bench_readbw_run_prefetched):
+ *                      what a paged layout's reads reach when prefetched
+ *                      with nothing else to do. The fastest of 4 distances
+ *                      (16, 32, 64, 128 KiB), each the median of the trials
+ *   scatter4k_pf_distance   that distance, in bytes
+ *   scatter4k_pf_ratio gbps / scatter4k_pf_gbps (still not the ceiling)
  *   ceiling_isa        the reader's instructions (avx512, avx2, scalar)
  *   latency_ns         one thread's load whose address the load before
  *                      read, to a random line of as many bytes, after a
@@ -523,6 +532,7 @@ static uint64_t sample_pair(uint64_t k, uint64_t n, uint64_t total)
 
 struct figures {
 	double ms, gbps, ceiling_gbps, scatter4k_gbps, scatter64k_gbps, latency_ns;
+	double scatter4k_pf_gbps, scatter4k_pf_distance;
 	double prefetch_kept; /* NaN: too few bytes for a burst, or no trial could count */
 	double roofline_gbps; /* NaN on the scalar path */
 	double naive_ms, naive_sampled, max_rel_err;
@@ -609,6 +619,24 @@ static int time_read(struct bench_readbw *rb, enum bench_read_pattern p, const s
 	return ret;
 }
 
+/* the prefetch distances of scatter4k_pf_gbps, in bytes */
+static const size_t pf_distances[] = { 16u << 10, 32u << 10, 64u << 10, 128u << 10 };
+#define PF_DISTANCES (sizeof(pf_distances) / sizeof(pf_distances[0]))
+
+/* BENCH_READ_4K prefetched, over the whole 4 KiB chunks of @bytes */
+static int time_read_pf(struct bench_readbw *rb, const struct config *c, size_t bytes,
+			size_t distance, unsigned reps, double *ns)
+{
+	uint64_t el;
+	int ret = bench_readbw_run_prefetched(rb, bytes / 4096 * 4096, distance, c->threads, reps,
+					      &el);
+
+	if (ret < 0)
+		fprintf(stderr, "decode: prefetched read: %s\n", strerror(-ret));
+	*ns = (double)el / reps;
+	return ret;
+}
+
 /* the naive decode on a sample of pairs: its time for the whole batch, and its error */
 static void measure_naive(const struct config *c, const struct kvcache *kc, struct batch *b,
 			  unsigned trials, struct figures *f)
@@ -671,6 +699,7 @@ static int measure(const struct config *c, const struct kvcache *kc, struct batc
 	double roof[BENCH_MAX_TRIALS];
 	double dec[BENCH_MAX_TRIALS], sweep[BENCH_MAX_TRIALS], s4k[BENCH_MAX_TRIALS],
 		s64k[BENCH_MAX_TRIALS], lat[BENCH_MAX_TRIALS], pfk[BENCH_MAX_TRIALS], once, unused;
+	double spf[PF_DISTANCES][BENCH_MAX_TRIALS];
 	unsigned npfk = 0;
 	struct cpu_sample c0, c1;
 	int ret;
@@ -683,6 +712,8 @@ static int measure(const struct config *c, const struct kvcache *kc, struct batc
 	for (int p = BENCH_READ_SWEEP; p <= BENCH_READ_64K; p++)
 		if ((ret = time_read(rb, (enum bench_read_pattern)p, c, b->bytes, 1, &unused)) < 0)
 			return ret;
+	if (b->bytes >= 4096 && (ret = time_read_pf(rb, c, b->bytes, pf_distances[0], 1, &unused)) < 0)
+		return ret;
 	f->reps = once >= MIN_TRIAL_NS ? 1 : (unsigned)ceil(MIN_TRIAL_NS / once);
 	if (f->reps > 10000)
 		f->reps = 10000;
@@ -692,6 +723,10 @@ static int measure(const struct config *c, const struct kvcache *kc, struct batc
 		    (ret = time_read(rb, BENCH_READ_4K, c, b->bytes, f->reps, &s4k[t])) < 0 ||
 		    (ret = time_read(rb, BENCH_READ_64K, c, b->bytes, f->reps, &s64k[t])) < 0)
 			return ret;
+		for (unsigned d = 0; d < PF_DISTANCES && b->bytes >= 4096; d++)
+			if ((ret = time_read_pf(rb, c, b->bytes, pf_distances[d], f->reps,
+						&spf[d][t])) < 0)
+				return ret;
 		if ((ret = bench_readbw_latency(rb, b->bytes, LATENCY_LOADS, &lat[t])) < 0) {
 			fprintf(stderr, "decode: memory latency: %s\n", strerror(-ret));
 			return ret;
@@ -719,6 +754,15 @@ static int measure(const struct config *c, const struct kvcache *kc, struct batc
 	f->ceiling_gbps = (double)b->bytes / bench_median(sweep, o->trials);
 	f->scatter4k_gbps = (double)b->bytes / bench_median(s4k, o->trials);
 	f->scatter64k_gbps = (double)b->bytes / bench_median(s64k, o->trials);
+	f->scatter4k_pf_gbps = f->scatter4k_pf_distance = NAN; /* fewer bytes than a chunk */
+	for (unsigned d = 0; d < PF_DISTANCES && b->bytes >= 4096; d++) {
+		double g = (double)(b->bytes / 4096 * 4096) / bench_median(spf[d], o->trials);
+
+		if (!(g <= f->scatter4k_pf_gbps)) { /* the first, or a faster one */
+			f->scatter4k_pf_gbps = g;
+			f->scatter4k_pf_distance = (double)pf_distances[d];
+		}
+	}
 	f->latency_ns = bench_median(lat, o->trials);
 	f->prefetch_kept = bench_median(pfk, npfk); /* NaN if none */
 	f->roofline_gbps = isa == KVA_ISA_SCALAR ? NAN : bench_median(roof, o->trials);
@@ -786,6 +830,9 @@ static int print_line(const struct config *c, const struct batch *b, const struc
 	bench_line_num(&l, "ratio", f->gbps / f->ceiling_gbps, 3);
 	bench_line_num(&l, "scatter4k_gbps", f->scatter4k_gbps, 2);
 	bench_line_num(&l, "scatter64k_gbps", f->scatter64k_gbps, 2);
+	bench_line_num(&l, "scatter4k_pf_gbps", f->scatter4k_pf_gbps, 2);
+	bench_line_num(&l, "scatter4k_pf_distance", f->scatter4k_pf_distance, 0);
+	bench_line_num(&l, "scatter4k_pf_ratio", f->gbps / f->scatter4k_pf_gbps, 3);
 	bench_line_str(&l, "ceiling_isa", bench_readbw_isa(rb));
 	bench_line_num(&l, "latency_ns", f->latency_ns, 1);
 	bench_line_num(&l, "prefetch_kept", f->prefetch_kept, 1);
@@ -887,11 +934,11 @@ static int run_geometry(const struct decode_opts *o, const struct config *g,
 					 kva_arena_info(kc.arena));
 		if (ret == 0) {
 			fprintf(stderr, "decode: %-8s hd %3u b %2u ctx %5u g %u t %u: %9.3f ms "
-				"%6.2f GB/s of %6.2f (%.2f), roofline %6.1f  latency %4.0f ns  prefetches kept %4.1f  naive x%.0f  "
+				"%6.2f GB/s of %6.2f (%.2f), prefetched 4k %6.2f, roofline %6.1f  latency %4.0f ns  prefetches kept %4.1f  naive x%.0f  "
 				"err %.1e  others %.2f%s\n",
 				kva_dtype_name(c->dtype), c->head_dim, c->batch, c->context, c->group,
 				c->threads, f.ms, f.gbps, f.ceiling_gbps, f.gbps / f.ceiling_gbps,
-				f.roofline_gbps, f.latency_ns, f.prefetch_kept,
+				f.scatter4k_pf_gbps, f.roofline_gbps, f.latency_ns, f.prefetch_kept,
 				f.naive_ms / f.ms, f.max_rel_err, f.other_cpus,
 				f.max_rel_err <= MAX_ERR ? "" : "  WRONG");
 			if (!(f.max_rel_err <= MAX_ERR))

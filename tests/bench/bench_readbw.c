@@ -15,7 +15,10 @@
  * a contiguous share of that order), which is how a paged KV cache is read:
  * an arena block holds one KV head's 16 tokens of K, then of V, in 4 KiB
  * (f16, head_dim 128) at a time, and the hardware prefetcher stops at a
- * 4 KiB page boundary.
+ * 4 KiB page boundary. And the 4 KiB order again with software prefetches
+ * as the tiles issue them (prefetcht1, a few lines at a time, spread over
+ * the reads, a distance ahead in the thread's order): how fast a paged
+ * layout's reads can be when they are prefetched, with nothing else to do.
  *
  * The buffer is anonymous memory on 4 KiB pages (no madvise for huge
  * pages), as the arena's shared memory is when the system has no hugetlb
@@ -103,18 +106,91 @@ static uint64_t sum_scalar(const char *p, size_t len)
 	return a[0] + a[1] + a[2] + a[3] + a[4] + a[5] + a[6] + a[7] + tail;
 }
 
+/*
+ * The same readers, with a prefetcht1 of each line of @pf as they read the
+ * line at the same offset of @p: the lines of the chunk a distance ahead,
+ * asked for a few at a time while this chunk is read, as a tile spreads its
+ * prefetches over its loops. @len is a multiple of 64 (a whole chunk).
+ */
+__attribute__((target("avx512f"))) static uint64_t sum_pf_avx512(const char *p, const char *pf,
+								 size_t len)
+{
+	__m512i a0 = _mm512_setzero_si512(), a1 = a0, a2 = a0, a3 = a0, a4 = a0, a5 = a0,
+		a6 = a0, a7 = a0;
+	uint64_t lanes[8];
+
+	for (size_t o = 0; o < len; o += 512) {
+		for (size_t l = 0; l < 512; l += 64)
+			_mm_prefetch(pf + o + l, _MM_HINT_T1);
+		a0 = _mm512_add_epi64(a0, _mm512_loadu_si512((const void *)(p + o + 0)));
+		a1 = _mm512_add_epi64(a1, _mm512_loadu_si512((const void *)(p + o + 64)));
+		a2 = _mm512_add_epi64(a2, _mm512_loadu_si512((const void *)(p + o + 128)));
+		a3 = _mm512_add_epi64(a3, _mm512_loadu_si512((const void *)(p + o + 192)));
+		a4 = _mm512_add_epi64(a4, _mm512_loadu_si512((const void *)(p + o + 256)));
+		a5 = _mm512_add_epi64(a5, _mm512_loadu_si512((const void *)(p + o + 320)));
+		a6 = _mm512_add_epi64(a6, _mm512_loadu_si512((const void *)(p + o + 384)));
+		a7 = _mm512_add_epi64(a7, _mm512_loadu_si512((const void *)(p + o + 448)));
+	}
+	a0 = _mm512_add_epi64(_mm512_add_epi64(_mm512_add_epi64(a0, a1), _mm512_add_epi64(a2, a3)),
+			      _mm512_add_epi64(_mm512_add_epi64(a4, a5), _mm512_add_epi64(a6, a7)));
+	_mm512_storeu_si512((void *)lanes, a0);
+	return lanes[0] + lanes[1] + lanes[2] + lanes[3] + lanes[4] + lanes[5] + lanes[6] +
+	       lanes[7];
+}
+
+__attribute__((target("avx2"))) static uint64_t sum_pf_avx2(const char *p, const char *pf,
+							    size_t len)
+{
+	__m256i a0 = _mm256_setzero_si256(), a1 = a0, a2 = a0, a3 = a0, a4 = a0, a5 = a0,
+		a6 = a0, a7 = a0;
+	uint64_t lanes[4];
+
+	for (size_t o = 0; o < len; o += 256) {
+		for (size_t l = 0; l < 256; l += 64)
+			_mm_prefetch(pf + o + l, _MM_HINT_T1);
+		a0 = _mm256_add_epi64(a0, _mm256_loadu_si256((const __m256i *)(p + o + 0)));
+		a1 = _mm256_add_epi64(a1, _mm256_loadu_si256((const __m256i *)(p + o + 32)));
+		a2 = _mm256_add_epi64(a2, _mm256_loadu_si256((const __m256i *)(p + o + 64)));
+		a3 = _mm256_add_epi64(a3, _mm256_loadu_si256((const __m256i *)(p + o + 96)));
+		a4 = _mm256_add_epi64(a4, _mm256_loadu_si256((const __m256i *)(p + o + 128)));
+		a5 = _mm256_add_epi64(a5, _mm256_loadu_si256((const __m256i *)(p + o + 160)));
+		a6 = _mm256_add_epi64(a6, _mm256_loadu_si256((const __m256i *)(p + o + 192)));
+		a7 = _mm256_add_epi64(a7, _mm256_loadu_si256((const __m256i *)(p + o + 224)));
+	}
+	a0 = _mm256_add_epi64(_mm256_add_epi64(_mm256_add_epi64(a0, a1), _mm256_add_epi64(a2, a3)),
+			      _mm256_add_epi64(_mm256_add_epi64(a4, a5), _mm256_add_epi64(a6, a7)));
+	_mm256_storeu_si256((__m256i *)lanes, a0);
+	return lanes[0] + lanes[1] + lanes[2] + lanes[3];
+}
+
+static uint64_t sum_pf_scalar(const char *p, const char *pf, size_t len)
+{
+	uint64_t a[8] = { 0 }, w;
+
+	for (size_t o = 0; o < len; o += 64) {
+		_mm_prefetch(pf + o, _MM_HINT_T1);
+		for (int i = 0; i < 8; i++) {
+			memcpy(&w, p + o + 8 * i, sizeof(w));
+			a[i] += w;
+		}
+	}
+	return a[0] + a[1] + a[2] + a[3] + a[4] + a[5] + a[6] + a[7];
+}
+
 /* --------------------------------------------------------------- team */
 
 struct job {
 	enum bench_read_pattern pattern;
 	size_t bytes;
 	unsigned threads, reps;
+	uint32_t ahead; /* BENCH_READ_4K_PF: chunks between a read and its prefetch */
 };
 
 struct bench_readbw {
 	char *buf;
 	size_t size;
 	uint64_t (*sum)(const char *p, size_t len);
+	uint64_t (*sum_pf)(const char *p, const char *pf, size_t len);
 	const char *isa;
 	uint64_t rng;
 	/* the chunk orders for the size last prepared */
@@ -147,6 +223,29 @@ static uint64_t pass(struct bench_readbw *r, const struct job *j, unsigned t)
 		if (to > j->bytes)
 			to = j->bytes;
 		return from < to ? r->sum(r->buf + from, to - from) : 0;
+	}
+	if (j->pattern == BENCH_READ_4K_PF) {
+		/* BENCH_READ_4K's order and share, whole chunks only (the
+		 * prepared bytes are a multiple of 4 KiB); the first chunks'
+		 * lines asked for before the first read, as a tile asks for its
+		 * first block's before it starts */
+		const uint32_t *order = r->order[BENCH_READ_4K], n = r->chunks[BENCH_READ_4K];
+		const uint32_t from = (uint32_t)((uint64_t)n * t / j->threads),
+			       to = (uint32_t)((uint64_t)n * (t + 1) / j->threads);
+
+		for (uint32_t i = from; i < to && i < from + j->ahead; i++)
+			for (size_t l = 0; l < 4096; l += 64)
+				_mm_prefetch(r->buf + (size_t)order[i] * 4096 + l, _MM_HINT_T1);
+		for (uint32_t i = from; i < to; i++) {
+			const char *p = r->buf + (size_t)order[i] * 4096;
+			/* past the share's end, the chunk being read: no line
+			 * of anyone else's share is asked for */
+			const char *pf = i + j->ahead < to ? r->buf + (size_t)order[i + j->ahead] * 4096
+							   : p;
+
+			s += r->sum_pf(p, pf, 4096);
+		}
+		return s;
 	}
 	size_t cb = chunk_bytes[j->pattern];
 	uint32_t n = r->chunks[j->pattern];
@@ -259,12 +358,15 @@ int bench_readbw_open(size_t max_bytes, unsigned max_threads, uint64_t seed,
 	}
 	if (__builtin_cpu_supports("avx512f")) {
 		r->sum = sum_avx512;
+		r->sum_pf = sum_pf_avx512;
 		r->isa = "avx512";
 	} else if (__builtin_cpu_supports("avx2")) {
 		r->sum = sum_avx2;
+		r->sum_pf = sum_pf_avx2;
 		r->isa = "avx2";
 	} else {
 		r->sum = sum_scalar;
+		r->sum_pf = sum_pf_scalar;
 		r->isa = "scalar";
 	}
 	for (unsigned k = 1; k < max_threads; k++) {
@@ -323,29 +425,24 @@ static int prepare(struct bench_readbw *r, size_t bytes)
 	return 0;
 }
 
-int bench_readbw_run(struct bench_readbw *r, enum bench_read_pattern pattern, size_t bytes,
-		     unsigned threads, unsigned reps, uint64_t *elapsed_ns)
+static int run_job(struct bench_readbw *r, struct job j, uint64_t *elapsed_ns)
 {
-	struct job j = { .pattern = pattern, .bytes = bytes, .threads = threads, .reps = reps };
 	uint64_t t0;
 	int ret;
 
-	if (!r || !bytes || bytes > r->size || !threads || threads > r->helpers + 1 || !reps ||
-	    pattern > BENCH_READ_64K || !elapsed_ns)
-		return -EINVAL;
-	if (pattern != BENCH_READ_SWEEP && (ret = prepare(r, bytes)) < 0)
+	if (j.pattern != BENCH_READ_SWEEP && (ret = prepare(r, j.bytes)) < 0)
 		return ret;
 	t0 = bench_now_ns();
-	if (threads > 1) {
+	if (j.threads > 1) {
 		pthread_mutex_lock(&r->lock);
 		r->job = j;
-		r->running = threads - 1;
+		r->running = j.threads - 1;
 		r->gen++;
 		pthread_cond_broadcast(&r->go);
 		pthread_mutex_unlock(&r->lock);
 	}
 	work(r, &j, 0);
-	if (threads > 1) {
+	if (j.threads > 1) {
 		pthread_mutex_lock(&r->lock);
 		while (r->running)
 			pthread_cond_wait(&r->done, &r->lock);
@@ -353,6 +450,29 @@ int bench_readbw_run(struct bench_readbw *r, enum bench_read_pattern pattern, si
 	}
 	*elapsed_ns = bench_now_ns() - t0;
 	return 0;
+}
+
+int bench_readbw_run(struct bench_readbw *r, enum bench_read_pattern pattern, size_t bytes,
+		     unsigned threads, unsigned reps, uint64_t *elapsed_ns)
+{
+	if (!r || !bytes || bytes > r->size || !threads || threads > r->helpers + 1 || !reps ||
+	    pattern > BENCH_READ_64K || !elapsed_ns)
+		return -EINVAL;
+	return run_job(r, (struct job){ .pattern = pattern, .bytes = bytes, .threads = threads,
+					 .reps = reps },
+		       elapsed_ns);
+}
+
+int bench_readbw_run_prefetched(struct bench_readbw *r, size_t bytes, size_t distance,
+				unsigned threads, unsigned reps, uint64_t *elapsed_ns)
+{
+	if (!r || bytes < 4096 || bytes % 4096 || bytes > r->size || !distance ||
+	    distance % 4096 || !threads || threads > r->helpers + 1 || !reps || !elapsed_ns)
+		return -EINVAL;
+	return run_job(r, (struct job){ .pattern = BENCH_READ_4K_PF, .bytes = bytes,
+					 .threads = threads, .reps = reps,
+					 .ahead = (uint32_t)(distance / 4096) },
+		       elapsed_ns);
 }
 
 int bench_readbw_latency(struct bench_readbw *r, size_t bytes, uint32_t loads, double *ns)

@@ -1,7 +1,9 @@
 #!/bin/sh
 # prefetch_check.sh BENCH - `BENCH decode` prints "prefetch_kept": null for
 # the quick configuration (fewer bytes than a burst of 64 prefetches needs
-# 4 KiB chunks), and a count from 0 to 64 for one of 2 MiB.
+# 4 KiB chunks), and a count from 0 to 64 for one of 2 MiB; and for that
+# one, the prefetched 4 KiB read: a rate above 0 at one of the four
+# distances it tries, and the decode's ratio to it.
 set -u
 bench=$1
 small=$("$bench" decode --quick) || { echo "prefetch_check: the bench failed"; exit 1; }
@@ -16,4 +18,20 @@ if ! printf '%s\n' "$kept" | awk '$1 ~ /^[0-9]+(\.[0-9]+)?$/ && $1 >= 0 && $1 <=
 	echo "prefetch_check: \"prefetch_kept\" is '$kept', not a count from 0 to 64: $out"
 	exit 1
 fi
-echo "prefetch_check: $kept of 64 kept"
+field() { printf '%s\n' "$out" | grep -o "\"$1\":[^,}]*" | cut -d: -f2; }
+pf=$(field scatter4k_pf_gbps)
+dist=$(field scatter4k_pf_distance)
+ratio=$(field scatter4k_pf_ratio)
+if ! printf '%s\n' "$pf" | awk '$1 ~ /^[0-9]+(\.[0-9]+)?$/ && $1 > 0 { ok = 1 } END { exit !ok }'; then
+	echo "prefetch_check: \"scatter4k_pf_gbps\" is '$pf', not a rate: $out"
+	exit 1
+fi
+case "$dist" in
+16384 | 32768 | 65536 | 131072) ;;
+*) echo "prefetch_check: \"scatter4k_pf_distance\" is '$dist', not one tried: $out"; exit 1 ;;
+esac
+if ! printf '%s\n' "$ratio" | awk '$1 ~ /^[0-9]+(\.[0-9]+)?$/ && $1 > 0 { ok = 1 } END { exit !ok }'; then
+	echo "prefetch_check: \"scatter4k_pf_ratio\" is '$ratio', not a ratio: $out"
+	exit 1
+fi
+echo "prefetch_check: $kept of 64 kept; prefetched 4 KiB reads $pf GB/s at $dist bytes ahead"
