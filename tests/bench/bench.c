@@ -203,7 +203,7 @@ static int cmp_figure(const void *a, const void *b)
 	return (x->ops_per_s > y->ops_per_s) - (x->ops_per_s < y->ops_per_s);
 }
 
-static struct bench_figure median_trial(struct bench_figure *f, unsigned n)
+struct bench_figure bench_figure_median(struct bench_figure *f, unsigned n)
 {
 	struct bench_figure m;
 
@@ -256,7 +256,7 @@ static int measure_here(const struct bench_subject *s, const struct bench_plan *
 	s->close(ctx);
 	if (ret < 0)
 		return ret;
-	*out = median_trial(fig, p->trials);
+	*out = bench_figure_median(fig, p->trials);
 	return 0;
 }
 
@@ -397,7 +397,7 @@ static int measure_procs(const struct bench_subject *s, const struct bench_plan 
 			strerror(-ret));
 		return ret;
 	}
-	*out = median_trial(fig, p->trials);
+	*out = bench_figure_median(fig, p->trials);
 	return 0;
 }
 
@@ -413,6 +413,14 @@ int bench_measure(const struct bench_subject *s, const struct bench_plan *p, uns
 int bench_measure_turns(const struct bench_subject *s, const unsigned *procs, unsigned n,
 			const struct bench_plan *p, struct bench_figure *out)
 {
+	return bench_measure_turns_with(s, procs, n, p, out, NULL, NULL, NULL);
+}
+
+int bench_measure_turns_with(const struct bench_subject *s, const unsigned *procs, unsigned n,
+			     const struct bench_plan *p, struct bench_figure *out,
+			     int (*turn)(void *arg, unsigned t), void *arg,
+			     struct bench_figure (*trials)[BENCH_MAX_TRIALS])
+{
 	struct bench_figure (*fig)[BENCH_MAX_TRIALS];
 	struct bench_plan one;
 	int ret = 0;
@@ -424,11 +432,17 @@ int bench_measure_turns(const struct bench_subject *s, const unsigned *procs, un
 	fig = calloc(n ? n : 1, sizeof(*fig));
 	if (!fig)
 		return -ENOMEM;
-	for (unsigned t = 0; t < p->trials && ret == 0; t++)
+	for (unsigned t = 0; t < p->trials && ret == 0; t++) {
+		if (turn)
+			ret = turn(arg, t);
 		for (unsigned i = 0; i < n && ret == 0; i++)
 			ret = bench_measure(&s[i], &one, procs[i], &fig[i][t]);
-	for (unsigned i = 0; i < n && ret == 0; i++)
-		out[i] = median_trial(fig[i], p->trials);
+	}
+	for (unsigned i = 0; i < n && ret == 0; i++) {
+		if (trials)
+			memcpy(trials[i], fig[i], sizeof(fig[i][0]) * p->trials);
+		out[i] = bench_figure_median(fig[i], p->trials);
+	}
 	free(fig);
 	return ret;
 }

@@ -162,6 +162,19 @@ int bench_measure(const struct bench_subject *s, const struct bench_plan *p, uns
  */
 int bench_measure_turns(const struct bench_subject *s, const unsigned *procs, unsigned n,
 			const struct bench_plan *p, struct bench_figure *out);
+/*
+ * bench_measure_turns_with - the same, and @turn(@arg, t) first in each
+ * round of turns (t = 0 .. trials - 1): a peer measured elsewhere (another
+ * process) takes its turns there. A negative return stops the rounds. If
+ * @trials is not NULL, @trials[i][t] is @s[i]'s trial t, in the order run.
+ */
+int bench_measure_turns_with(const struct bench_subject *s, const unsigned *procs, unsigned n,
+			     const struct bench_plan *p, struct bench_figure *out,
+			     int (*turn)(void *arg, unsigned t), void *arg,
+			     struct bench_figure (*trials)[BENCH_MAX_TRIALS]);
+/* bench_figure_median - the median of @n trials' figures (sorted in place),
+ * with the fastest and slowest trial's pair_ns, as bench_measure gives it */
+struct bench_figure bench_figure_median(struct bench_figure *f, unsigned n);
 
 /* bench_median - the median of @v (sorted in place); NaN when @n is 0. */
 double bench_median(double *v, unsigned n);
@@ -433,7 +446,11 @@ int bench_gpu_no_device(const char *bench, const char *status, const char *why);
 #define BENCH_DPDK_MAX_OCC 2u
 #define BENCH_DPDK_MAX_RUNS 6u
 
-/* What to measure with rte_mempool: each run at each occupancy. */
+/*
+ * What to measure with rte_mempool: runs (cache, bulk, processes) at
+ * occupancies, one trial at a time on request (bench_dpdk_serve), each
+ * trial as @plan says (its warm-up, then one trial of plan.trial_ns).
+ */
 struct bench_dpdk_request {
 	struct bench_plan plan;
 	uint32_t objects;   /* mempool size */
@@ -449,19 +466,29 @@ struct bench_dpdk_request {
 	} run[BENCH_DPDK_MAX_RUNS];
 };
 
-struct bench_dpdk_report {
-	int32_t status;                        /* 0, or the first failure's -errno */
-	double occupancy[BENCH_DPDK_MAX_OCC];  /* as measured: objects in use / size */
-	struct bench_figure fig[BENCH_DPDK_MAX_OCC][BENCH_DPDK_MAX_RUNS];
+/* one trial asked for: run @run at occupancy @occ */
+struct bench_dpdk_ask {
+	uint32_t occ, run;
+};
+
+/* ... and its answer */
+struct bench_dpdk_answer {
+	int32_t status;          /* 0, or -errno (told on stderr too) */
+	double occupancy;        /* as measured: objects in use / size */
+	struct bench_figure fig; /* NaN figures: no figure (see stderr) */
 };
 
 /*
- * bench_dpdk_alloc - initialise DPDK's EAL in this process and measure
- * rte_mempool_get/put with bench_loop(). The EAL pins the process to CPU 0
- * and cannot be undone, so call it in a process made for it (a child that
- * forks nothing). Failures are also told on stderr.
- * Return: 0, or -errno (rep->status says the same).
+ * bench_dpdk_serve - initialise DPDK's EAL in this process, then answer
+ * each struct bench_dpdk_ask read from @in_fd with one trial of it
+ * (rte_mempool_get/put with bench_loop(), on a pool per cache size and
+ * occupancy kept from one ask to the next) written to @out_fd, until @in_fd
+ * ends. So the allocator's trials and the peer's can take turns. The EAL
+ * pins the process to CPU 0 and cannot be undone: call it in a process
+ * made for it (a child that forks nothing but the runs' processes).
+ * Return: 0 at the end of @in_fd, or -errno (the EAL would not start, or a
+ * pipe failed; told on stderr).
  */
-int bench_dpdk_alloc(const struct bench_dpdk_request *req, struct bench_dpdk_report *rep);
+int bench_dpdk_serve(const struct bench_dpdk_request *req, int in_fd, int out_fd);
 
 #endif /* KVA_BENCH_H */

@@ -40,8 +40,15 @@
  *                   judged by what the two get done together)
  *   ops_per_s       get+put pairs per second, summed over the processes
  *   ratio_vs_dpdk   pair_ns / DPDK rte_mempool pair_ns, same cache setting,
- *                   call shape and processes; null when DPDK could not be
+ *                   call shape and processes: the two take turns trial by
+ *                   trial (DPDK in a child process of its own), and this is
+ *                   the median of the trials' ratios, each trial's to the
+ *                   DPDK trial just before it; null when DPDK could not be
  *                   measured
+ *   ratio_vs_dpdk_best  the fastest trial's pair_ns over DPDK's fastest:
+ *                   what each does when the machine is at its best (on a
+ *                   shared machine whose speed moves from one trial to the
+ *                   next, the steadier of the two)
  *   ratio_vs_single ops_per_s / ops_per_s of one process, same cache setting
  *   ratio_vs_mutex  pair_ns of the mutex free list with two processes /
  *                   pair_ns here (both two processes)
@@ -164,6 +171,7 @@ struct group {
 	bool have[MODES];
 	struct bench_figure fig[MODES];
 	double occupancy[MODES];
+	double vs_dpdk[MODES]; /* the median of paired trials' ratios; NaN: none */
 };
 
 /* ------------------------------------------------------------- arenas */
@@ -455,94 +463,168 @@ static int mx_trial(void *ctx, uint64_t start_ns, uint64_t end_ns, struct bench_
 
 /* --------------------------------------------------------- DPDK peer */
 
-#ifdef KVA_BENCH_DPDK
-/* dpdk_child - bench_dpdk_alloc() in a child process, its report read back. */
-static int dpdk_child(const struct bench_dpdk_request *req, struct bench_dpdk_report *rep,
-		      int timeout_ms)
-{
-	int fds[2], ret;
+/*
+ * The DPDK peer: rte_mempool measured in a child process of its own
+ * (bench_dpdk_serve), because DPDK's EAL pins its process to one CPU and
+ * cannot be shut down cleanly enough to fork afterwards, and this process
+ * forks other children. It takes its turns with kvarena's modes trial by
+ * trial (run_group below): one trial of each DPDK run asked for, then one
+ * of each kvarena mode, and again, so that a slow spell of a shared
+ * machine falls on both alike. Measured one after the other, a run's
+ * DPDK trials and its kvarena trials were seconds apart, and on a shared
+ * machine whose speed moves by a third in that time the ratios moved with
+ * it (uncached 0.8-1.5x over runs of one build, README nineteenth session).
+ */
+struct dpdk_peer {
+	bool on;
+	struct bench_dpdk_request req;
+	enum mode_id mode[BENCH_DPDK_MAX_RUNS]; /* req.run[r] measures mode[r] */
+	int ask_fd, answer_fd;
 	pid_t pid;
+	int timeout_ms;
+	/* the current group's trials, in the order run: [run][trial] */
+	unsigned oi;
+	struct bench_figure fig[BENCH_DPDK_MAX_RUNS][BENCH_MAX_TRIALS];
+	struct bench_figure sorted[BENCH_MAX_TRIALS];
+	double occupancy[BENCH_DPDK_MAX_RUNS];
+	bool failed[BENCH_DPDK_MAX_RUNS];
+};
 
-	if (pipe2(fds, O_CLOEXEC) < 0)
-		return -errno;
-	fflush(stdout);
-	fflush(stderr);
-	pid = fork();
-	if (pid == 0) {
-		close(fds[0]);
-		/* whatever the EAL prints goes to stderr: stdout is for results */
-		dup2(STDERR_FILENO, STDOUT_FILENO);
-		bench_dpdk_alloc(req, rep);
-		_exit(write(fds[1], rep, sizeof(*rep)) == (ssize_t)sizeof(*rep) ? 0 : 1);
-	}
-	ret = pid < 0 ? -errno : 0;
-	close(fds[1]);
-	if (ret == 0)
-		ret = bench_read_full(fds[0], rep, sizeof(*rep), timeout_ms);
-	close(fds[0]);
-	if (pid < 0)
-		return ret;
-	if (ret < 0)
-		kill(pid, SIGKILL); /* hung, or died without a report */
-	bench_reap(pid); /* the report says how it went */
-	return ret < 0 ? ret : rep->status;
+/* dpdk_stop - end the peer: its asks end, it frees its pools and exits */
+static void dpdk_stop(struct dpdk_peer *d)
+{
+	if (!d->on)
+		return;
+	close(d->ask_fd); /* its next read ends, and it exits */
+	close(d->answer_fd);
+	bench_reap(d->pid);
+	d->on = false;
 }
-#endif
 
 /*
- * dpdk_peer - measure the DPDK modes asked for, at every occupancy, in a child
- * process: DPDK's EAL pins its process to one CPU and cannot be shut down
- * cleanly enough to fork afterwards, and this process forks other children.
- * Return: 0, or -errno when DPDK could not be measured (told on stderr): its
- * figures are then missing and the ratios to them null; the run goes on.
+ * dpdk_start - the peer for the DPDK modes @o asks for, started and
+ * waiting for asks. Return: 0 (none asked for: nothing started), or -errno
+ * when DPDK cannot be measured (told on stderr): its figures are then
+ * missing and the ratios to them null; the run goes on.
  */
-static int dpdk_peer(const struct alloc_opts *o, struct group *groups)
+static int dpdk_start(const struct alloc_opts *o, struct dpdk_peer *d)
 {
-	struct bench_dpdk_request req = {
-		.plan = o->plan, .objects = o->blocks - 1, .keep = o->keep,
-		.occupancies = o->occupancies,
-	};
-	enum mode_id run_mode[BENCH_DPDK_MAX_RUNS];
-
-	memcpy(req.occupancy, o->occupancy, sizeof(req.occupancy));
+	memset(d, 0, sizeof(*d));
+	d->req = (struct bench_dpdk_request){ .plan = o->plan, .objects = o->blocks - 1,
+					      .keep = o->keep, .occupancies = o->occupancies };
+	memcpy(d->req.occupancy, o->occupancy, sizeof(d->req.occupancy));
 	for (enum mode_id m = DPDK_CACHED; m <= DPDK_CONTENDED2_UNCACHED; m++) {
 		if (!o->measured[m])
 			continue;
-		run_mode[req.runs] = m;
-		req.run[req.runs].cache = modes[m].cache;
-		req.run[req.runs].bulk = modes[m].bulk;
-		req.run[req.runs].procs = modes[m].procs;
-		req.runs++;
+		d->mode[d->req.runs] = m;
+		d->req.run[d->req.runs].cache = modes[m].cache;
+		d->req.run[d->req.runs].bulk = modes[m].bulk;
+		d->req.run[d->req.runs].procs = modes[m].procs;
+		d->req.runs++;
 	}
-	if (!req.runs)
+	if (!d->req.runs)
 		return 0;
 #ifndef KVA_BENCH_DPDK
-	(void)groups;
-	(void)run_mode;
 	fprintf(stderr, "alloc: kvarena-bench was built without DPDK: no DPDK lines, "
 		"ratio_vs_dpdk is null\n");
 	return -ENOTSUP;
 #else
-	struct bench_dpdk_report rep;
-	double run_s = (double)(o->plan.trials * o->plan.trial_ns + o->plan.warmup_ns) / 1e9;
-	int ret;
+	int ask[2], answer[2], ret = 0;
 
-	fprintf(stderr, "alloc: DPDK rte_mempool, in a child process\n");
-	/* time for every run, and a minute for the EAL to start and stop */
-	ret = dpdk_child(&req, &rep, (int)(run_s * req.runs * req.occupancies * 1000) + 60000);
-	if (ret < 0) {
-		fprintf(stderr, "alloc: DPDK peer failed (%s): no DPDK lines, ratio_vs_dpdk is null\n",
-			strerror(-ret));
+	if (pipe2(ask, O_CLOEXEC) < 0)
+		return -errno;
+	if (pipe2(answer, O_CLOEXEC) < 0) {
+		ret = -errno;
+		close(ask[0]);
+		close(ask[1]);
 		return ret;
 	}
-	for (unsigned oi = 0; oi < o->occupancies; oi++)
-		for (unsigned r = 0; r < req.runs; r++) {
-			groups[oi].have[run_mode[r]] = true;
-			groups[oi].fig[run_mode[r]] = rep.fig[oi][r];
-			groups[oi].occupancy[run_mode[r]] = rep.occupancy[oi];
-		}
-	return 0;
+	fflush(stdout);
+	fflush(stderr);
+	d->pid = fork();
+	if (d->pid == 0) {
+		close(ask[1]);
+		close(answer[0]);
+		/* it must not outlive us, and whatever the EAL prints goes to
+		 * stderr: stdout is for results */
+		prctl(PR_SET_PDEATHSIG, SIGKILL);
+		dup2(STDERR_FILENO, STDOUT_FILENO);
+		_exit(bench_dpdk_serve(&d->req, ask[0], answer[1]) < 0 ? 1 : 0);
+	}
+	if (d->pid < 0)
+		ret = -errno;
+	close(ask[0]);
+	close(answer[1]);
+	d->ask_fd = ask[1];
+	d->answer_fd = answer[0];
+	/* one trial with its warm-up, and a minute for the EAL to start */
+	d->timeout_ms = (int)((o->plan.trial_ns + o->plan.warmup_ns) / 1000000) + 60000;
+	d->on = ret == 0;
+	if (ret < 0) {
+		close(d->ask_fd);
+		close(d->answer_fd);
+		fprintf(stderr, "alloc: DPDK peer: fork: %s: no DPDK lines, ratio_vs_dpdk is null\n",
+			strerror(-ret));
+	} else {
+		fprintf(stderr, "alloc: DPDK rte_mempool in a child process, taking turns\n");
+	}
+	return ret;
 #endif
+}
+
+/*
+ * dpdk_turn - bench_measure_turns_with()'s hook: trial @t of every DPDK run
+ * at the current group's occupancy. A peer that fails stops being asked
+ * (its figures are missing, the ratios to them null); kvarena's go on.
+ */
+static int dpdk_turn(void *arg, unsigned t)
+{
+	struct dpdk_peer *d = arg;
+
+	for (unsigned r = 0; r < d->req.runs && d->on; r++) {
+		struct bench_dpdk_ask ask = { .occ = d->oi, .run = r };
+		struct bench_dpdk_answer ans;
+		int ret;
+
+		if (d->failed[r])
+			continue;
+		if (write(d->ask_fd, &ask, sizeof(ask)) != (ssize_t)sizeof(ask))
+			ret = -EPIPE;
+		else
+			ret = bench_read_full(d->answer_fd, &ans, sizeof(ans), d->timeout_ms);
+		if (ret < 0) {
+			fprintf(stderr, "alloc: DPDK peer: %s: no more DPDK figures\n",
+				strerror(-ret));
+			kill(d->pid, SIGKILL); /* hung, or gone */
+			dpdk_stop(d);
+			break;
+		}
+		if (ans.status < 0 || isnan(ans.fig.pair_ns)) {
+			d->failed[r] = true; /* told on stderr by the peer */
+			continue;
+		}
+		d->fig[r][t] = ans.fig;
+		d->occupancy[r] = ans.occupancy;
+	}
+	return 0;
+}
+
+/* dpdk_group - the group's DPDK figures: the median of each run's trials */
+static void dpdk_group(struct dpdk_peer *d, const struct alloc_opts *o, struct group *g)
+{
+	for (unsigned r = 0; r < d->req.runs; r++) {
+		enum mode_id m = d->mode[r];
+
+		if (d->failed[r] || !d->on)
+			continue;
+		g->have[m] = true;
+		memcpy(d->sorted, d->fig[r], sizeof(d->sorted[0]) * o->plan.trials);
+		g->fig[m] = bench_figure_median(d->sorted, o->plan.trials);
+		g->occupancy[m] = d->occupancy[r];
+		fprintf(stderr, "alloc: %-26s occupancy %.2f  %8.3f ns/pair (trials %.3f..%.3f)\n",
+			modes[m].name, g->occupancy[m], g->fig[m].pair_ns, g->fig[m].pair_ns_min,
+			g->fig[m].pair_ns_max);
+	}
 }
 
 /* ---------------------------------------------------------- output */
@@ -567,8 +649,14 @@ static int print_figure(const struct alloc_opts *o, const struct group *g, enum 
 	bench_line_num(&l, "processes", d->procs, 0);
 	bench_line_num(&l, "pair_ns", g->fig[m].pair_ns, 3);
 	bench_line_num(&l, "ops_per_s", g->fig[m].ops_per_s, 0);
-	if (d->vs_dpdk != NONE)
-		bench_line_num(&l, "ratio_vs_dpdk", ratio(g, m, d->vs_dpdk, true), 3);
+	if (d->vs_dpdk != NONE) {
+		bench_line_num(&l, "ratio_vs_dpdk", g->vs_dpdk[m], 3);
+		bench_line_num(&l, "ratio_vs_dpdk_best",
+			       g->have[d->vs_dpdk] ? g->fig[m].pair_ns_min /
+							     g->fig[d->vs_dpdk].pair_ns_min
+						   : NAN,
+			       3);
+	}
 	if (d->vs_single != NONE)
 		bench_line_num(&l, "ratio_vs_single", ratio(g, m, d->vs_single, false), 3);
 	if (d->vs_mutex != NONE)
@@ -644,6 +732,7 @@ struct group_run {
 	struct bench_subject subject[MODES];
 	unsigned procs[MODES];
 	struct bench_figure fig[MODES];
+	struct bench_figure trials[MODES][BENCH_MAX_TRIALS]; /* in the order run */
 	struct kv_arg kv[MODES];
 	struct mx_arg mx;
 };
@@ -673,10 +762,30 @@ static void add_mode(const struct alloc_opts *o, struct group_env *e, struct gro
 }
 
 /*
- * run_group - measure one occupancy's kvarena and mutex modes, taking turns
- * (bench_measure_turns), and print its lines, the DPDK ones included.
+ * paired_ratio - the median over the trials of @kv[t].pair_ns over the DPDK
+ * run of @peer's trial t, taken just before it; NaN without that run.
  */
-static int run_group(const struct alloc_opts *o, unsigned oi, struct group *g)
+static double paired_ratio(const struct alloc_opts *o, const struct dpdk_peer *d,
+			   enum mode_id peer, const struct bench_figure *kv)
+{
+	double q[BENCH_MAX_TRIALS];
+
+	for (unsigned r = 0; r < d->req.runs; r++) {
+		if (peer == NONE || d->mode[r] != peer || d->failed[r] || !d->on)
+			continue;
+		for (unsigned t = 0; t < o->plan.trials; t++)
+			q[t] = kv[t].pair_ns / d->fig[r][t].pair_ns;
+		return bench_median(q, o->plan.trials);
+	}
+	return NAN;
+}
+
+/*
+ * run_group - measure one occupancy's kvarena and mutex modes and the DPDK
+ * peer's, taking turns (bench_measure_turns_with), and print its lines.
+ */
+static int run_group(const struct alloc_opts *o, unsigned oi, struct group *g,
+		     struct dpdk_peer *d)
 {
 	uint32_t held = (uint32_t)(o->occupancy[oi] * o->blocks + 0.5);
 	struct group_run *r = calloc(1, sizeof(*r));
@@ -688,9 +797,15 @@ static int run_group(const struct alloc_opts *o, unsigned oi, struct group *g)
 	for (enum mode_id m = FIRST_MODE; m < MODES; m++)
 		if (o->measured[m] && (modes[m].kind == KIND_KVARENA || modes[m].kind == KIND_MUTEX))
 			add_mode(o, &e, g, r, m);
-	fprintf(stderr, "alloc: %u modes, %u trials each, in turns\n", r->n, o->plan.trials);
-	if ((ret = bench_measure_turns(r->subject, r->procs, r->n, &o->plan, r->fig)) < 0)
+	fprintf(stderr, "alloc: %u modes%s, %u trials each, in turns\n", r->n,
+		d->on ? " and DPDK's" : "", o->plan.trials);
+	d->oi = oi;
+	if ((ret = bench_measure_turns_with(r->subject, r->procs, r->n, &o->plan, r->fig,
+					    d->on ? dpdk_turn : NULL, d, r->trials)) < 0)
 		goto out;
+	dpdk_group(d, o, g);
+	for (unsigned i = 0; i < r->n; i++)
+		g->vs_dpdk[r->mode[i]] = paired_ratio(o, d, modes[r->mode[i]].vs_dpdk, r->trials[i]);
 	for (unsigned i = 0; i < r->n; i++) {
 		enum mode_id m = r->mode[i];
 
@@ -1034,13 +1149,21 @@ int bench_alloc_main(int argc, char **argv)
 	for (enum mode_id m = FIRST_MODE; m < MODES; m++)
 		any_group |= o.measured[m] && modes[m].kind != KIND_RECLAIM;
 	if (any_group) {
+		struct dpdk_peer *d = malloc(sizeof(*d));
+
+		if (!d) {
+			fprintf(stderr, "kvarena-bench alloc: failed: %s\n", strerror(ENOMEM));
+			return 1;
+		}
 		/* a missing peer only leaves its ratios null */
-		(void)dpdk_peer(&o, groups);
+		(void)dpdk_start(&o, d);
 		for (unsigned oi = 0; oi < o.occupancies && ret == 0; oi++) {
 			fprintf(stderr, "alloc: occupancy %.4f, %u blocks, keep %u\n",
 				o.occupancy[oi], o.blocks, o.keep);
-			ret = run_group(&o, oi, &groups[oi]);
+			ret = run_group(&o, oi, &groups[oi], d);
 		}
+		dpdk_stop(d);
+		free(d);
 	}
 	if (ret == 0 && o.printed[RECLAIM])
 		ret = run_reclaim(&o);

@@ -151,103 +151,148 @@ static bool shared_memory(const void *p)
 	return shared;
 }
 
+/* a pool of one cache size at one occupancy, kept from one ask to the next */
+struct pool {
+	struct rte_mempool *mp;
+	void **held; /* the objects taken away from the loop */
+	double occupancy;
+};
+
 /*
- * measure_pool - one mempool of @cache per-lcore cache, @held of its objects
- * taken away from the loop (straight from the ring, not through the cache),
- * and every run of @req with that cache measured on it.
+ * pool_make - a mempool of @cache per-lcore cache with the occupancy @oi's
+ * share of its objects taken away from the loop (straight from the ring, not
+ * through the cache). On failure @p keeps its held array and no pool, so
+ * that the next ask for it fails at once.
  */
-static int measure_pool(const struct bench_dpdk_request *req, uint32_t cache, unsigned oi,
-			struct bench_dpdk_report *rep)
+static int pool_make(const struct bench_dpdk_request *req, uint32_t cache, unsigned oi,
+		     struct pool *p)
 {
 	uint32_t held = (uint32_t)(req->occupancy[oi] * req->objects + 0.5);
-	void **held_objs = malloc(((size_t)held + 1) * sizeof(void *));
-	void **objs = malloc((size_t)req->keep * sizeof(void *));
-	struct rte_mempool *mp = NULL;
-	int ret = -ENOMEM;
+	char name[RTE_MEMPOOL_NAMESIZE];
+	int ret;
 
-	if (!held_objs || !objs)
-		goto out;
-	mp = rte_mempool_create(cache ? "kvab_cached" : "kvab_uncached", req->objects, 64,
-				cache, 0, NULL, NULL, NULL, NULL, SOCKET_ID_ANY, 0);
-	if (!mp) {
+	p->held = malloc(((size_t)held + 1) * sizeof(void *));
+	if (!p->held)
+		return -ENOMEM;
+	snprintf(name, sizeof(name), "kvab_c%u_o%u", cache, oi);
+	p->mp = rte_mempool_create(name, req->objects, 64, cache, 0, NULL, NULL, NULL, NULL,
+				   SOCKET_ID_ANY, 0);
+	if (!p->mp) {
 		ret = -(rte_errno ? rte_errno : ENOMEM);
 		fprintf(stderr, "alloc: rte_mempool_create (%u objects, cache %u): %s\n",
 			req->objects, cache, rte_strerror(-ret));
-		goto out;
+		return ret;
 	}
 	for (uint32_t at = 0; at < held; at += 256) {
 		uint32_t n = held - at < 256 ? held - at : 256;
 
-		if ((ret = rte_mempool_generic_get(mp, held_objs + at, n, NULL)) < 0) {
+		if ((ret = rte_mempool_generic_get(p->mp, p->held + at, n, NULL)) < 0) {
 			fprintf(stderr, "alloc: DPDK: holding %u objects: %s\n", held,
 				rte_strerror(-ret));
-			goto out;
+			rte_mempool_free(p->mp); /* held, no pool: it failed */
+			p->mp = NULL;
+			return ret;
 		}
 	}
-	rep->occupancy[oi] = (double)rte_mempool_in_use_count(mp) / req->objects;
+	p->occupancy = (double)rte_mempool_in_use_count(p->mp) / req->objects;
+	return 0;
+}
 
-	for (unsigned r = 0; r < req->runs; r++) {
-		unsigned procs = req->run[r].procs ? req->run[r].procs : 1;
-		struct mp_ctx c = { .mp = mp, .keep = req->keep, .bulk = req->run[r].bulk,
-				    .objs = objs, .procs = procs };
-		struct bench_subject s = { "rte_mempool", &c, mp_open, mp_trial, mp_close };
-		char name[48];
+/* one trial (after its warm-up) of run @r of @req on @p */
+static int trial(const struct bench_dpdk_request *req, unsigned r, struct pool *p, void **objs,
+		 struct bench_figure *fig)
+{
+	const struct bench_plan one = { .trials = 1, .trial_ns = req->plan.trial_ns,
+					.warmup_ns = req->plan.warmup_ns };
+	const uint32_t cache = req->run[r].cache;
+	unsigned procs = req->run[r].procs ? req->run[r].procs : 1;
+	struct mp_ctx c = { .mp = p->mp, .keep = req->keep, .bulk = req->run[r].bulk,
+			    .objs = objs, .procs = procs };
+	struct bench_subject s = { "rte_mempool", &c, mp_open, mp_trial, mp_close };
+	int ret = 0;
 
-		if (req->run[r].cache != cache)
-			continue;
-		if (procs > 1 && !shared_memory(mp)) {
-			fprintf(stderr, "alloc: DPDK: the mempool is not in shared memory: no "
-				"figure for %u processes\n", procs);
-			rep->fig[oi][r].pair_ns = rep->fig[oi][r].ops_per_s = NAN;
-			continue;
-		}
-		for (unsigned k = 0; procs > 1 && cache && k < procs; k++)
-			if (!(c.caches[k] = rte_mempool_cache_create(cache, SOCKET_ID_ANY))) {
-				ret = -(rte_errno ? rte_errno : ENOMEM);
-				fprintf(stderr, "alloc: DPDK rte_mempool_cache_create: %s\n",
-					rte_strerror(-ret));
-			}
-		if (ret == 0)
-			ret = bench_measure(&s, &req->plan, procs, &rep->fig[oi][r]);
-		for (unsigned k = 0; k < procs; k++)
-			if (c.caches[k])
-				rte_mempool_cache_free(c.caches[k]); /* flushed by its child */
-		if (ret < 0)
-			goto out;
-		snprintf(name, sizeof(name), "rte_mempool cache %u%s%s", cache,
-			 req->run[r].bulk ? " bulk" : "", procs > 1 ? ", 2 processes" : "");
-		fprintf(stderr, "alloc: %-26s occupancy %.2f  %8.3f ns/pair (trials %.3f..%.3f)\n",
-			name, rep->occupancy[oi], rep->fig[oi][r].pair_ns,
-			rep->fig[oi][r].pair_ns_min, rep->fig[oi][r].pair_ns_max);
+	fig->pair_ns = fig->ops_per_s = fig->pair_ns_min = fig->pair_ns_max = NAN;
+	if (procs > 1 && !shared_memory(p->mp)) {
+		fprintf(stderr, "alloc: DPDK: the mempool is not in shared memory: no "
+			"figure for %u processes\n", procs);
+		return 0;
 	}
-	ret = 0;
-out:
-	rte_mempool_free(mp);
-	free(objs);
-	free(held_objs);
+	for (unsigned k = 0; procs > 1 && cache && k < procs && ret == 0; k++)
+		if (!(c.caches[k] = rte_mempool_cache_create(cache, SOCKET_ID_ANY))) {
+			ret = -(rte_errno ? rte_errno : ENOMEM);
+			fprintf(stderr, "alloc: DPDK rte_mempool_cache_create: %s\n",
+				rte_strerror(-ret));
+		}
+	if (ret == 0)
+		ret = bench_measure(&s, &one, procs, fig);
+	for (unsigned k = 0; k < procs; k++)
+		if (c.caches[k])
+			rte_mempool_cache_free(c.caches[k]); /* flushed by its child */
 	return ret;
 }
 
-int bench_dpdk_alloc(const struct bench_dpdk_request *req, struct bench_dpdk_report *rep)
+static int write_full(int fd, const void *buf, size_t len)
 {
+	for (const char *p = buf; len;) {
+		ssize_t n = write(fd, p, len);
+
+		if (n < 0 && errno == EINTR)
+			continue;
+		if (n <= 0)
+			return n < 0 ? -errno : -EIO;
+		p += n;
+		len -= (size_t)n;
+	}
+	return 0;
+}
+
+int bench_dpdk_serve(const struct bench_dpdk_request *req, int in_fd, int out_fd)
+{
+	/* a pool per cache size (runs share it) and occupancy, made when first asked for */
+	struct pool pools[BENCH_DPDK_MAX_RUNS][BENCH_DPDK_MAX_OCC] = { 0 };
+	void **objs = NULL;
 	int ret;
 
-	memset(rep, 0, sizeof(*rep));
 	if (req->occupancies > BENCH_DPDK_MAX_OCC || req->runs > BENCH_DPDK_MAX_RUNS ||
 	    !req->keep || req->keep > req->objects)
-		return rep->status = -EINVAL;
+		return -EINVAL;
 	if ((ret = eal_init()) < 0)
-		return rep->status = ret;
-	for (unsigned oi = 0; oi < req->occupancies && ret == 0; oi++)
-		for (unsigned r = 0; r < req->runs && ret == 0; r++) {
-			bool first = true;
+		return ret;
+	if (!(objs = malloc((size_t)req->keep * sizeof(void *))))
+		ret = -ENOMEM;
+	while (ret == 0) {
+		struct bench_dpdk_ask ask;
+		struct bench_dpdk_answer ans = { 0 };
+		struct pool *p;
+		unsigned first;
 
-			/* one pool per cache size, for all the runs that use it */
-			for (unsigned q = 0; q < r; q++)
-				first &= req->run[q].cache != req->run[r].cache;
-			if (first)
-				ret = measure_pool(req, req->run[r].cache, oi, rep);
+		if ((ret = bench_read_full(in_fd, &ask, sizeof(ask), -1)) < 0) {
+			ret = ret == -EPIPE ? 0 : ret; /* the end: nothing more asked */
+			break;
 		}
+		if (ask.occ >= req->occupancies || ask.run >= req->runs) {
+			ans.status = -EINVAL;
+		} else {
+			/* the first run with this cache size names the pool */
+			for (first = 0; req->run[first].cache != req->run[ask.run].cache; first++)
+				;
+			p = &pools[first][ask.occ];
+			if (!p->mp && !p->held)
+				ans.status = pool_make(req, req->run[first].cache, ask.occ, p);
+			else if (!p->mp)
+				ans.status = -ENOMEM; /* it failed before */
+			if (ans.status == 0)
+				ans.status = trial(req, ask.run, p, objs, &ans.fig);
+			ans.occupancy = p->occupancy;
+		}
+		ret = write_full(out_fd, &ans, sizeof(ans));
+	}
+	for (unsigned r = 0; r < BENCH_DPDK_MAX_RUNS; r++)
+		for (unsigned o = 0; o < BENCH_DPDK_MAX_OCC; o++) {
+			rte_mempool_free(pools[r][o].mp);
+			free(pools[r][o].held);
+		}
+	free(objs);
 	rte_eal_cleanup();
-	return rep->status = ret;
+	return ret;
 }
