@@ -341,7 +341,9 @@ int bench_readbw_run(struct bench_readbw *r, enum bench_read_pattern pattern, si
  * random 4 KiB order read as the tiles read pages: while a chunk is read,
  * a prefetcht1 of each line of the chunk @distance bytes further along the
  * share (a multiple of 4 KiB), a few lines at a time; the first @distance
- * bytes asked for before the first read. @bytes a multiple of 4 KiB.
+ * bytes asked for before the first read. The chunks are BENCH_READ_4K's
+ * (the same order, drawn once for the same @bytes); only whole ones are
+ * read, @bytes / 4096 of them.
  * Return: 0, -EINVAL, -ENOMEM.
  */
 int bench_readbw_run_prefetched(struct bench_readbw *r, size_t bytes, size_t distance,

@@ -76,6 +76,7 @@
 #include <string.h>
 #include <sys/mman.h>
 #include <sys/prctl.h>
+#include <sys/socket.h>
 #include <unistd.h>
 
 #include "kvarena.h"
@@ -479,7 +480,7 @@ struct dpdk_peer {
 	bool on;
 	struct bench_dpdk_request req;
 	enum mode_id mode[BENCH_DPDK_MAX_RUNS]; /* req.run[r] measures mode[r] */
-	int ask_fd, answer_fd;
+	int fd; /* asks out, answers in */
 	pid_t pid;
 	int timeout_ms;
 	/* the current group's trials, in the order run: [run][trial] */
@@ -495,8 +496,7 @@ static void dpdk_stop(struct dpdk_peer *d)
 {
 	if (!d->on)
 		return;
-	close(d->ask_fd); /* its next read ends, and it exits */
-	close(d->answer_fd);
+	close(d->fd); /* its next read ends, and it exits */
 	bench_reap(d->pid);
 	d->on = false;
 }
@@ -529,40 +529,32 @@ static int dpdk_start(const struct alloc_opts *o, struct dpdk_peer *d)
 		"ratio_vs_dpdk is null\n");
 	return -ENOTSUP;
 #else
-	int ask[2], answer[2], ret = 0;
+	int sv[2], ret = 0;
 
-	if (pipe2(ask, O_CLOEXEC) < 0)
+	/* a socket, not a pipe: an ask sent to a peer that has died (its EAL
+	 * would not start) is EPIPE with MSG_NOSIGNAL, not a SIGPIPE for us */
+	if (socketpair(AF_UNIX, SOCK_STREAM | SOCK_CLOEXEC, 0, sv) < 0)
 		return -errno;
-	if (pipe2(answer, O_CLOEXEC) < 0) {
-		ret = -errno;
-		close(ask[0]);
-		close(ask[1]);
-		return ret;
-	}
 	fflush(stdout);
 	fflush(stderr);
 	d->pid = fork();
 	if (d->pid == 0) {
-		close(ask[1]);
-		close(answer[0]);
+		close(sv[0]);
 		/* it must not outlive us, and whatever the EAL prints goes to
 		 * stderr: stdout is for results */
 		prctl(PR_SET_PDEATHSIG, SIGKILL);
 		dup2(STDERR_FILENO, STDOUT_FILENO);
-		_exit(bench_dpdk_serve(&d->req, ask[0], answer[1]) < 0 ? 1 : 0);
+		_exit(bench_dpdk_serve(&d->req, sv[1], sv[1]) < 0 ? 1 : 0);
 	}
 	if (d->pid < 0)
 		ret = -errno;
-	close(ask[0]);
-	close(answer[1]);
-	d->ask_fd = ask[1];
-	d->answer_fd = answer[0];
+	close(sv[1]);
+	d->fd = sv[0];
 	/* one trial with its warm-up, and a minute for the EAL to start */
 	d->timeout_ms = (int)((o->plan.trial_ns + o->plan.warmup_ns) / 1000000) + 60000;
 	d->on = ret == 0;
 	if (ret < 0) {
-		close(d->ask_fd);
-		close(d->answer_fd);
+		close(d->fd);
 		fprintf(stderr, "alloc: DPDK peer: fork: %s: no DPDK lines, ratio_vs_dpdk is null\n",
 			strerror(-ret));
 	} else {
@@ -588,10 +580,10 @@ static int dpdk_turn(void *arg, unsigned t)
 
 		if (d->failed[r])
 			continue;
-		if (write(d->ask_fd, &ask, sizeof(ask)) != (ssize_t)sizeof(ask))
+		if (send(d->fd, &ask, sizeof(ask), MSG_NOSIGNAL) != (ssize_t)sizeof(ask))
 			ret = -EPIPE;
 		else
-			ret = bench_read_full(d->answer_fd, &ans, sizeof(ans), d->timeout_ms);
+			ret = bench_read_full(d->fd, &ans, sizeof(ans), d->timeout_ms);
 		if (ret < 0) {
 			fprintf(stderr, "alloc: DPDK peer: %s: no more DPDK figures\n",
 				strerror(-ret));

@@ -607,11 +607,17 @@ static int time_decode(const struct config *c, const struct kvcache *kc, struct 
 	return ret;
 }
 
-static int time_read(struct bench_readbw *rb, enum bench_read_pattern p, const struct config *c,
-		     size_t bytes, unsigned reps, double *ns)
+/*
+ * One read of @bytes in pattern @p; BENCH_READ_4K_PF: its whole 4 KiB chunks
+ * (the same order as BENCH_READ_4K's), prefetched @distance bytes ahead.
+ */
+static int time_read(struct bench_readbw *rb, enum bench_read_pattern p, size_t distance,
+		     const struct config *c, size_t bytes, unsigned reps, double *ns)
 {
 	uint64_t el;
-	int ret = bench_readbw_run(rb, p, bytes, c->threads, reps, &el);
+	int ret = p == BENCH_READ_4K_PF
+			  ? bench_readbw_run_prefetched(rb, bytes, distance, c->threads, reps, &el)
+			  : bench_readbw_run(rb, p, bytes, c->threads, reps, &el);
 
 	if (ret < 0)
 		fprintf(stderr, "decode: read sweep: %s\n", strerror(-ret));
@@ -622,20 +628,6 @@ static int time_read(struct bench_readbw *rb, enum bench_read_pattern p, const s
 /* the prefetch distances of scatter4k_pf_gbps, in bytes */
 static const size_t pf_distances[] = { 16u << 10, 32u << 10, 64u << 10, 128u << 10 };
 #define PF_DISTANCES (sizeof(pf_distances) / sizeof(pf_distances[0]))
-
-/* BENCH_READ_4K prefetched, over the whole 4 KiB chunks of @bytes */
-static int time_read_pf(struct bench_readbw *rb, const struct config *c, size_t bytes,
-			size_t distance, unsigned reps, double *ns)
-{
-	uint64_t el;
-	int ret = bench_readbw_run_prefetched(rb, bytes / 4096 * 4096, distance, c->threads, reps,
-					      &el);
-
-	if (ret < 0)
-		fprintf(stderr, "decode: prefetched read: %s\n", strerror(-ret));
-	*ns = (double)el / reps;
-	return ret;
-}
 
 /* the naive decode on a sample of pairs: its time for the whole batch, and its error */
 static void measure_naive(const struct config *c, const struct kvcache *kc, struct batch *b,
@@ -710,21 +702,22 @@ static int measure(const struct config *c, const struct kvcache *kc, struct batc
 	    (ret = time_decode(c, kc, b, o->isa, 1, &once)) < 0)
 		return ret;
 	for (int p = BENCH_READ_SWEEP; p <= BENCH_READ_64K; p++)
-		if ((ret = time_read(rb, (enum bench_read_pattern)p, c, b->bytes, 1, &unused)) < 0)
+		if ((ret = time_read(rb, (enum bench_read_pattern)p, 0, c, b->bytes, 1, &unused)) < 0)
 			return ret;
-	if (b->bytes >= 4096 && (ret = time_read_pf(rb, c, b->bytes, pf_distances[0], 1, &unused)) < 0)
+	if (b->bytes >= 4096 && (ret = time_read(rb, BENCH_READ_4K_PF, pf_distances[0], c, b->bytes,
+						 1, &unused)) < 0)
 		return ret;
 	f->reps = once >= MIN_TRIAL_NS ? 1 : (unsigned)ceil(MIN_TRIAL_NS / once);
 	if (f->reps > 10000)
 		f->reps = 10000;
 	for (unsigned t = 0; t < o->trials; t++) {
 		if ((ret = time_decode(c, kc, b, o->isa, f->reps, &dec[t])) < 0 ||
-		    (ret = time_read(rb, BENCH_READ_SWEEP, c, b->bytes, f->reps, &sweep[t])) < 0 ||
-		    (ret = time_read(rb, BENCH_READ_4K, c, b->bytes, f->reps, &s4k[t])) < 0 ||
-		    (ret = time_read(rb, BENCH_READ_64K, c, b->bytes, f->reps, &s64k[t])) < 0)
+		    (ret = time_read(rb, BENCH_READ_SWEEP, 0, c, b->bytes, f->reps, &sweep[t])) < 0 ||
+		    (ret = time_read(rb, BENCH_READ_4K, 0, c, b->bytes, f->reps, &s4k[t])) < 0 ||
+		    (ret = time_read(rb, BENCH_READ_64K, 0, c, b->bytes, f->reps, &s64k[t])) < 0)
 			return ret;
 		for (unsigned d = 0; d < PF_DISTANCES && b->bytes >= 4096; d++)
-			if ((ret = time_read_pf(rb, c, b->bytes, pf_distances[d], f->reps,
+			if ((ret = time_read(rb, BENCH_READ_4K_PF, pf_distances[d], c, b->bytes, f->reps,
 						&spf[d][t])) < 0)
 				return ret;
 		if ((ret = bench_readbw_latency(rb, b->bytes, LATENCY_LOADS, &lat[t])) < 0) {

@@ -199,8 +199,8 @@ static int pool_make(const struct bench_dpdk_request *req, uint32_t cache, unsig
 }
 
 /* one trial (after its warm-up) of run @r of @req on @p */
-static int trial(const struct bench_dpdk_request *req, unsigned r, struct pool *p, void **objs,
-		 struct bench_figure *fig)
+static int pool_trial(const struct bench_dpdk_request *req, unsigned r, struct pool *p,
+		      void **objs, struct bench_figure *fig)
 {
 	const struct bench_plan one = { .trials = 1, .trial_ns = req->plan.trial_ns,
 					.warmup_ns = req->plan.warmup_ns };
@@ -282,7 +282,7 @@ int bench_dpdk_serve(const struct bench_dpdk_request *req, int in_fd, int out_fd
 			else if (!p->mp)
 				ans.status = -ENOMEM; /* it failed before */
 			if (ans.status == 0)
-				ans.status = trial(req, ask.run, p, objs, &ans.fig);
+				ans.status = pool_trial(req, ask.run, p, objs, &ans.fig);
 			ans.occupancy = p->occupancy;
 		}
 		ret = write_full(out_fd, &ans, sizeof(ans));

@@ -41,13 +41,26 @@
 
 /* ------------------------------------------------------------- readers */
 
-__attribute__((target("avx512f"))) static uint64_t sum_avx512(const char *p, size_t len)
+/*
+ * Each reader in two instances: the plain sum, and the same loop with a
+ * prefetcht1 of each line of @pf as it reads the line at the same offset of
+ * @p (PF): the lines of the chunk a distance ahead, asked for a few at a
+ * time while this chunk is read, as a tile spreads its prefetches over its
+ * loops. PF is a constant in each instance, so the plain sum's loop is the
+ * loop it always was.
+ */
+#define READER __attribute__((always_inline)) static inline
+
+__attribute__((target("avx512f"))) READER uint64_t read_avx512(const char *p, const char *pf,
+							       size_t len, const bool PF)
 {
 	__m512i a0 = _mm512_setzero_si512(), a1 = a0, a2 = a0, a3 = a0, a4 = a0, a5 = a0,
 		a6 = a0, a7 = a0;
 	uint64_t lanes[8], tail = 0;
 
-	for (; len >= 512; p += 512, len -= 512) {
+	for (; len >= 512; p += 512, pf += PF ? 512 : 0, len -= 512) {
+		for (int l = 0; PF && l < 512; l += 64)
+			_mm_prefetch(pf + l, _MM_HINT_T1);
 		a0 = _mm512_add_epi64(a0, _mm512_loadu_si512((const void *)(p + 0)));
 		a1 = _mm512_add_epi64(a1, _mm512_loadu_si512((const void *)(p + 64)));
 		a2 = _mm512_add_epi64(a2, _mm512_loadu_si512((const void *)(p + 128)));
@@ -68,13 +81,16 @@ __attribute__((target("avx512f"))) static uint64_t sum_avx512(const char *p, siz
 	       lanes[7] + tail;
 }
 
-__attribute__((target("avx2"))) static uint64_t sum_avx2(const char *p, size_t len)
+__attribute__((target("avx2"))) READER uint64_t read_avx2(const char *p, const char *pf,
+							  size_t len, const bool PF)
 {
 	__m256i a0 = _mm256_setzero_si256(), a1 = a0, a2 = a0, a3 = a0, a4 = a0, a5 = a0,
 		a6 = a0, a7 = a0;
 	uint64_t lanes[4], tail = 0;
 
-	for (; len >= 256; p += 256, len -= 256) {
+	for (; len >= 256; p += 256, pf += PF ? 256 : 0, len -= 256) {
+		for (int l = 0; PF && l < 256; l += 64)
+			_mm_prefetch(pf + l, _MM_HINT_T1);
 		a0 = _mm256_add_epi64(a0, _mm256_loadu_si256((const __m256i *)(p + 0)));
 		a1 = _mm256_add_epi64(a1, _mm256_loadu_si256((const __m256i *)(p + 32)));
 		a2 = _mm256_add_epi64(a2, _mm256_loadu_si256((const __m256i *)(p + 64)));
@@ -92,89 +108,53 @@ __attribute__((target("avx2"))) static uint64_t sum_avx2(const char *p, size_t l
 	return lanes[0] + lanes[1] + lanes[2] + lanes[3] + tail;
 }
 
-static uint64_t sum_scalar(const char *p, size_t len)
+READER uint64_t read_scalar(const char *p, const char *pf, size_t len, const bool PF)
 {
 	uint64_t a[8] = { 0 }, w, tail = 0;
 
-	for (; len >= 64; p += 64, len -= 64)
+	for (; len >= 64; p += 64, pf += PF ? 64 : 0, len -= 64) {
+		if (PF)
+			_mm_prefetch(pf, _MM_HINT_T1);
 		for (int i = 0; i < 8; i++) {
 			memcpy(&w, p + 8 * i, sizeof(w));
 			a[i] += w;
 		}
+	}
 	for (; len; p++, len--)
 		tail += (unsigned char)*p;
 	return a[0] + a[1] + a[2] + a[3] + a[4] + a[5] + a[6] + a[7] + tail;
 }
 
-/*
- * The same readers, with a prefetcht1 of each line of @pf as they read the
- * line at the same offset of @p: the lines of the chunk a distance ahead,
- * asked for a few at a time while this chunk is read, as a tile spreads its
- * prefetches over its loops. @len is a multiple of 64 (a whole chunk).
- */
+__attribute__((target("avx512f"))) static uint64_t sum_avx512(const char *p, size_t len)
+{
+	return read_avx512(p, p, len, false);
+}
+
 __attribute__((target("avx512f"))) static uint64_t sum_pf_avx512(const char *p, const char *pf,
 								 size_t len)
 {
-	__m512i a0 = _mm512_setzero_si512(), a1 = a0, a2 = a0, a3 = a0, a4 = a0, a5 = a0,
-		a6 = a0, a7 = a0;
-	uint64_t lanes[8];
+	return read_avx512(p, pf, len, true);
+}
 
-	for (size_t o = 0; o < len; o += 512) {
-		for (size_t l = 0; l < 512; l += 64)
-			_mm_prefetch(pf + o + l, _MM_HINT_T1);
-		a0 = _mm512_add_epi64(a0, _mm512_loadu_si512((const void *)(p + o + 0)));
-		a1 = _mm512_add_epi64(a1, _mm512_loadu_si512((const void *)(p + o + 64)));
-		a2 = _mm512_add_epi64(a2, _mm512_loadu_si512((const void *)(p + o + 128)));
-		a3 = _mm512_add_epi64(a3, _mm512_loadu_si512((const void *)(p + o + 192)));
-		a4 = _mm512_add_epi64(a4, _mm512_loadu_si512((const void *)(p + o + 256)));
-		a5 = _mm512_add_epi64(a5, _mm512_loadu_si512((const void *)(p + o + 320)));
-		a6 = _mm512_add_epi64(a6, _mm512_loadu_si512((const void *)(p + o + 384)));
-		a7 = _mm512_add_epi64(a7, _mm512_loadu_si512((const void *)(p + o + 448)));
-	}
-	a0 = _mm512_add_epi64(_mm512_add_epi64(_mm512_add_epi64(a0, a1), _mm512_add_epi64(a2, a3)),
-			      _mm512_add_epi64(_mm512_add_epi64(a4, a5), _mm512_add_epi64(a6, a7)));
-	_mm512_storeu_si512((void *)lanes, a0);
-	return lanes[0] + lanes[1] + lanes[2] + lanes[3] + lanes[4] + lanes[5] + lanes[6] +
-	       lanes[7];
+__attribute__((target("avx2"))) static uint64_t sum_avx2(const char *p, size_t len)
+{
+	return read_avx2(p, p, len, false);
 }
 
 __attribute__((target("avx2"))) static uint64_t sum_pf_avx2(const char *p, const char *pf,
 							    size_t len)
 {
-	__m256i a0 = _mm256_setzero_si256(), a1 = a0, a2 = a0, a3 = a0, a4 = a0, a5 = a0,
-		a6 = a0, a7 = a0;
-	uint64_t lanes[4];
+	return read_avx2(p, pf, len, true);
+}
 
-	for (size_t o = 0; o < len; o += 256) {
-		for (size_t l = 0; l < 256; l += 64)
-			_mm_prefetch(pf + o + l, _MM_HINT_T1);
-		a0 = _mm256_add_epi64(a0, _mm256_loadu_si256((const __m256i *)(p + o + 0)));
-		a1 = _mm256_add_epi64(a1, _mm256_loadu_si256((const __m256i *)(p + o + 32)));
-		a2 = _mm256_add_epi64(a2, _mm256_loadu_si256((const __m256i *)(p + o + 64)));
-		a3 = _mm256_add_epi64(a3, _mm256_loadu_si256((const __m256i *)(p + o + 96)));
-		a4 = _mm256_add_epi64(a4, _mm256_loadu_si256((const __m256i *)(p + o + 128)));
-		a5 = _mm256_add_epi64(a5, _mm256_loadu_si256((const __m256i *)(p + o + 160)));
-		a6 = _mm256_add_epi64(a6, _mm256_loadu_si256((const __m256i *)(p + o + 192)));
-		a7 = _mm256_add_epi64(a7, _mm256_loadu_si256((const __m256i *)(p + o + 224)));
-	}
-	a0 = _mm256_add_epi64(_mm256_add_epi64(_mm256_add_epi64(a0, a1), _mm256_add_epi64(a2, a3)),
-			      _mm256_add_epi64(_mm256_add_epi64(a4, a5), _mm256_add_epi64(a6, a7)));
-	_mm256_storeu_si256((__m256i *)lanes, a0);
-	return lanes[0] + lanes[1] + lanes[2] + lanes[3];
+static uint64_t sum_scalar(const char *p, size_t len)
+{
+	return read_scalar(p, p, len, false);
 }
 
 static uint64_t sum_pf_scalar(const char *p, const char *pf, size_t len)
 {
-	uint64_t a[8] = { 0 }, w;
-
-	for (size_t o = 0; o < len; o += 64) {
-		_mm_prefetch(pf + o, _MM_HINT_T1);
-		for (int i = 0; i < 8; i++) {
-			memcpy(&w, p + o + 8 * i, sizeof(w));
-			a[i] += w;
-		}
-	}
-	return a[0] + a[1] + a[2] + a[3] + a[4] + a[5] + a[6] + a[7];
+	return read_scalar(p, pf, len, true);
 }
 
 /* --------------------------------------------------------------- team */
@@ -225,25 +205,30 @@ static uint64_t pass(struct bench_readbw *r, const struct job *j, unsigned t)
 		return from < to ? r->sum(r->buf + from, to - from) : 0;
 	}
 	if (j->pattern == BENCH_READ_4K_PF) {
-		/* BENCH_READ_4K's order and share, whole chunks only (the
-		 * prepared bytes are a multiple of 4 KiB); the first chunks'
-		 * lines asked for before the first read, as a tile asks for its
-		 * first block's before it starts */
+		/* BENCH_READ_4K's order and share, its whole chunks only (a
+		 * last partial one is skipped: a multiple of 64 bytes is what
+		 * the readers prefetch for); the first chunks' lines asked for
+		 * before the first read, as a tile asks for its first block's
+		 * before it starts */
 		const uint32_t *order = r->order[BENCH_READ_4K], n = r->chunks[BENCH_READ_4K];
 		const uint32_t from = (uint32_t)((uint64_t)n * t / j->threads),
 			       to = (uint32_t)((uint64_t)n * (t + 1) / j->threads);
+		const uint32_t whole = (uint32_t)(j->bytes / 4096); /* chunks below it are whole */
 
 		for (uint32_t i = from; i < to && i < from + j->ahead; i++)
-			for (size_t l = 0; l < 4096; l += 64)
+			for (size_t l = 0; l < 4096 && order[i] < whole; l += 64)
 				_mm_prefetch(r->buf + (size_t)order[i] * 4096 + l, _MM_HINT_T1);
 		for (uint32_t i = from; i < to; i++) {
 			const char *p = r->buf + (size_t)order[i] * 4096;
-			/* past the share's end, the chunk being read: no line
-			 * of anyone else's share is asked for */
-			const char *pf = i + j->ahead < to ? r->buf + (size_t)order[i + j->ahead] * 4096
-							   : p;
+			/* past the share's end, or a partial chunk ahead: the
+			 * chunk being read (no line of anyone else's share, and
+			 * none past the bytes, is asked for) */
+			const uint32_t k = i + j->ahead;
+			const char *pf = k < to && order[k] < whole ? r->buf + (size_t)order[k] * 4096
+								    : p;
 
-			s += r->sum_pf(p, pf, 4096);
+			if (order[i] < whole)
+				s += r->sum_pf(p, pf, 4096);
 		}
 		return s;
 	}
@@ -466,8 +451,8 @@ int bench_readbw_run(struct bench_readbw *r, enum bench_read_pattern pattern, si
 int bench_readbw_run_prefetched(struct bench_readbw *r, size_t bytes, size_t distance,
 				unsigned threads, unsigned reps, uint64_t *elapsed_ns)
 {
-	if (!r || bytes < 4096 || bytes % 4096 || bytes > r->size || !distance ||
-	    distance % 4096 || !threads || threads > r->helpers + 1 || !reps || !elapsed_ns)
+	if (!r || bytes < 4096 || bytes > r->size || !distance || distance % 4096 || !threads ||
+	    threads > r->helpers + 1 || !reps || !elapsed_ns)
 		return -EINVAL;
 	return run_job(r, (struct job){ .pattern = BENCH_READ_4K_PF, .bytes = bytes,
 					 .threads = threads, .reps = reps,
