@@ -67,6 +67,11 @@ struct kva_decode_opts {
 	int32_t split_tokens;  /* tokens per split of a sequence; 0: 512 */
 	int32_t max_splits;    /* splits per sequence at most; 0: 64 */
 	enum kva_isa isa;      /* KVA_ISA_AUTO, or one to force (-ENOTSUP if the CPU lacks it) */
+	/* the AVX2 path: tokens of one query head's output (a group of 1, or
+	 * the head a group leaves past a multiple of 4) between prefetch
+	 * steps, 1..48; 0: kva_decode_pf_step()'s, chosen for this CPU. Any
+	 * value computes the same result; the other paths ignore it */
+	int32_t pf_step;
 };
 
 /*
@@ -120,6 +125,30 @@ int kva_kernel_threads(void);
 
 enum kva_isa kva_isa_best(void);
 const char *kva_isa_name(enum kva_isa isa);
+
+/*
+ * kva_cpu_prefetch_kept - of a burst of 64 software prefetches (prefetcht1,
+ * the decode tiles' hint) to lines in no cache, how many this core keeps:
+ * a core that queues what it cannot start keeps them all, one that drops
+ * the rest about as many as it has misses in flight (measured: Zen 4 63-64,
+ * Zen 3 21-26). Measured once per process, at the first call, on the
+ * calling thread: 16 bursts to a MiB of fresh memory, each line timed 20 us
+ * later (about a millisecond in all; the first kva_decode on the AVX2 path
+ * with pf_step 0 makes that call). Return: 1..64, or 0 where it cannot be
+ * told (no RDTSCP, memory no slower than twice the cache, no memory).
+ */
+int32_t kva_cpu_prefetch_kept(void);
+
+/*
+ * kva_decode_pf_step - the pf_step kva_decode takes when its options leave
+ * it 0, for a cache of @dtype and @head_dim read by @group query heads per
+ * KV head on this CPU: 8 where the lines a step asks for (the next turn's
+ * K and V rows, spread over this turn's steps) are no more than
+ * kva_cpu_prefetch_kept(), else 4. Return: the step; 0 where this CPU has
+ * no AVX2 path; -EINVAL for a head_dim not a multiple of 8 in 8..1024, a
+ * group out of 1..64 or an unknown dtype.
+ */
+int32_t kva_decode_pf_step(enum kva_dtype dtype, int32_t head_dim, int32_t group);
 
 /* ------------------------------------------------------------------ CUDA */
 /*

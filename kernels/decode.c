@@ -31,6 +31,7 @@ struct plan {
 	void *out;
 	float *lse;
 	kva__tile_fn tile;
+	int32_t one_step;          /* struct kva__tile's */
 	int32_t split_tokens, max_splits;
 	int32_t span, spans;       /* KV heads per tile, tiles per split */
 	/* per sequence: its first tile, its split length and count */
@@ -144,6 +145,8 @@ int kva__decode_args_check(const struct kva_kv_desc *kv, const struct kva_page_t
 		return bad("page table and descriptor disagree on page_size");
 	if (o && (o->threads < 0 || o->threads > 256 || o->split_tokens < 0 || o->max_splits < 0))
 		return bad("options: threads 0..256, split_tokens and max_splits >= 0");
+	if (o && (o->pf_step < 0 || o->pf_step > KVA__BLOCK_TOKENS))
+		return bad("options: pf_step 0..48");
 	return 0;
 }
 
@@ -240,6 +243,7 @@ static bool tile_at(const struct plan *p, uint32_t tile, struct kva__tile *t)
 		.m = part,
 		.l = part + (size_t)p->span * p->group,
 		.acc = part + 2 * (size_t)p->span * p->group,
+		.one_step = p->one_step,
 	};
 	return t->t0 < t->t1;
 }
@@ -366,6 +370,11 @@ int kva_decode(const struct kva_kv_desc *kv, const struct kva_page_table *pt, co
 	p.tile = pick(o.isa, kv->head_dim, &ret);
 	if (!p.tile)
 		return ret;
+	/* the AVX2 tile's step, for this CPU unless the caller chose one */
+	p.one_step = o.pf_step ? o.pf_step : KVA__BLOCK_TOKENS;
+	if (!o.pf_step && p.tile == kva__tile_avx2)
+		p.one_step = kva__avx2_one_step(kv->dtype, kv->head_dim, num_q_heads / kv->num_kv_heads,
+						kva_cpu_prefetch_kept());
 	threads = o.threads ? o.threads : kva_kernel_threads();
 	p.kv = kv;
 	p.pt = pt;
@@ -426,4 +435,15 @@ int kva_decode(const struct kva_kv_desc *kv, const struct kva_page_table *pt, co
 	kva__parallel_ahead(threads, p.tiles, run_tile, &p);
 	kva__parallel(threads, (uint32_t)pt->batch * (uint32_t)num_q_heads, run_merge, &p);
 	return 0;
+}
+
+int32_t kva_decode_pf_step(enum kva_dtype dtype, int32_t head_dim, int32_t group)
+{
+	if (!kva_dtype_size(dtype) || head_dim < 8 || head_dim > KVA__MAX_HEAD_DIM ||
+	    head_dim % 8 || group < 1 || group > KVA__MAX_GROUP)
+		return kva__err(-EINVAL, "decode: pf_step: head_dim a multiple of 8 in 8..%d, "
+				"group 1..%d and a known dtype", KVA__MAX_HEAD_DIM, KVA__MAX_GROUP);
+	if (!kva__isa_supported(KVA_ISA_AVX2))
+		return 0;
+	return kva__avx2_one_step(dtype, head_dim, group, kva_cpu_prefetch_kept());
 }

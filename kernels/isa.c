@@ -4,6 +4,10 @@
  */
 #include <cpuid.h>
 #include <stdatomic.h>
+#include <stdlib.h>
+#include <sys/mman.h>
+#include <time.h>
+#include <x86intrin.h>
 
 #include "kernels_pvt.h"
 
@@ -65,4 +69,173 @@ const char *kva_isa_name(enum kva_isa isa)
 		return "avx512";
 	}
 	return "?";
+}
+
+/* ------------------------------------------------ prefetches a core keeps */
+
+#define KEPT_BURST 64       /* prefetches a burst */
+#define KEPT_PAGES 256      /* 1 MiB: a line in each of 64 of its pages a burst */
+#define KEPT_ROUNDS 16      /* rounds that count, */
+#define KEPT_TRIES 64       /* of at most so many a probe (about a millisecond), */
+#define KEPT_PROBES 16      /* probes at most a process, */
+#define KEPT_AGAIN_NS 10000000 /* the second 10 ms after the first, each next twice as long */
+#define KEPT_OFF 2          /* a round that keeps no more than this did not count */
+#define KEPT_WAIT_NS 5000   /* 5 us: 20-odd memory latencies */
+#define PAGE 4096u
+#define RDTSCP_BIT (1u << 27) /* CPUID.80000001H:EDX; not in every cpuid.h */
+
+static uint64_t now_ns(void)
+{
+	struct timespec ts;
+
+	clock_gettime(CLOCK_MONOTONIC, &ts);
+	return (uint64_t)ts.tv_sec * 1000000000u + (uint64_t)ts.tv_nsec;
+}
+
+/* the time stamp counter around one load, which nothing else overlaps */
+static uint64_t timed_load(const char *p)
+{
+	unsigned aux;
+	uint64_t t0, t1;
+
+	_mm_lfence();
+	t0 = __rdtscp(&aux);
+	(void)*(const volatile char *)p;
+	/* rdtscp waits until the load before it has its data */
+	t1 = __rdtscp(&aux);
+	_mm_lfence();
+	return t1 - t0;
+}
+
+static int cmp_u64(const void *a, const void *b)
+{
+	uint64_t x = *(const uint64_t *)a, y = *(const uint64_t *)b;
+
+	return x < y ? -1 : x > y;
+}
+
+static uint64_t median(uint64_t *v, unsigned n)
+{
+	qsort(v, n, sizeof(*v), cmp_u64);
+	return v[n / 2];
+}
+
+/*
+ * Round @k's lines: one in each of KEPT_BURST pages drawn from the buffer,
+ * a line at random in each, their pages in the TLB (through another line
+ * half a page away, so that no prefetcher takes the target for a
+ * neighbour) and the lines themselves in no cache.
+ */
+static void cold_lines(char *buf, uint64_t *rng, const char *line[KEPT_BURST])
+{
+	for (unsigned i = 0; i < KEPT_BURST; i++) {
+		uint64_t x = *rng = *rng * 6364136223846793005u + 1442695040888963407u;
+		/* the burst's pages distinct: page i of each quarter-run */
+		size_t page = (size_t)i * (KEPT_PAGES / KEPT_BURST) + (x >> 33) % (KEPT_PAGES / KEPT_BURST);
+		unsigned l = (unsigned)(x >> 50) % 64;
+
+		line[i] = buf + page * PAGE + l * 64;
+		(void)*(volatile char *)(buf + page * PAGE + (l + 32) % 64 * 64);
+	}
+	for (unsigned i = 0; i < KEPT_BURST; i++)
+		_mm_clflush(line[i]);
+	_mm_mfence();
+}
+
+/*
+ * As bench_readbw_prefetch_kept measures it, with the median of the rounds'
+ * counts, and without the rounds in which the core kept (next to) none. On
+ * the KVM hosts of the README's figures a core keeps 63-64 of a burst
+ * nearly all the time, and then, for spells of a few milliseconds (0-6% of
+ * 12.5 us rounds over a quarter of a second; most often in the first 5-20
+ * ms a core spins after it slept), none: lines loaded in the same pages
+ * just before stay in the cache, the prefetched ones do not arrive,
+ * whether the wait is 2 or 100 us. A spell says what the host is doing at
+ * that moment, not what the core can do, so its rounds do not count. A
+ * core whose prefetches are dropped for want of room still keeps its
+ * misses in flight (Zen 3: 21-26). Return: the count; 0 if no round
+ * counted (a spell: try again later); -1 if it can never be told (no
+ * RDTSCP, memory no slower than twice the cache).
+ */
+static int32_t measure_kept(void)
+{
+	const size_t size = (size_t)KEPT_PAGES * PAGE;
+	unsigned a, b, c, d, n = 0;
+	const char *line[KEPT_BURST];
+	uint64_t cold[KEPT_BURST], hot[KEPT_BURST], kept[KEPT_ROUNDS], cold_t, hot_t, limit;
+	uint64_t rng = (uint64_t)(uintptr_t)&rng ^ now_ns();
+	char *buf;
+
+	if (!__get_cpuid(0x80000001, &a, &b, &c, &d) || !(d & RDTSCP_BIT))
+		return -1;
+	buf = mmap(NULL, size, PROT_READ | PROT_WRITE, MAP_PRIVATE | MAP_ANONYMOUS, -1, 0);
+	if (buf == MAP_FAILED)
+		return 0;
+	memset(buf, 1, size); /* pages of their own, not the shared zero page */
+	/* a load from memory and one from the cache, in this counter's ticks:
+	 * the midpoint tells them apart */
+	cold_lines(buf, &rng, line);
+	for (unsigned i = 0; i < KEPT_BURST; i++) {
+		cold[i] = timed_load(line[i]);
+		hot[i] = timed_load(line[i]);
+	}
+	cold_t = median(cold, KEPT_BURST);
+	hot_t = median(hot, KEPT_BURST);
+	limit = (cold_t + hot_t) / 2;
+	for (unsigned k = 0; cold_t >= 2 * hot_t && k < KEPT_TRIES && n < KEPT_ROUNDS; k++) {
+		uint64_t until, got = 0;
+
+		cold_lines(buf, &rng, line);
+		for (unsigned i = 0; i < KEPT_BURST; i++)
+			_mm_prefetch(line[i], _MM_HINT_T1); /* the tiles' hint */
+		until = now_ns() + KEPT_WAIT_NS; /* a prefetch kept has long arrived */
+		while (now_ns() < until)
+			_mm_pause();
+		for (unsigned i = 0; i < KEPT_BURST; i++)
+			got += timed_load(line[i]) <= limit;
+		if (got > KEPT_OFF)
+			kept[n++] = got;
+	}
+	munmap(buf, size);
+	if (cold_t < 2 * hot_t)
+		return -1;
+	return n >= KEPT_ROUNDS / 4 ? (int32_t)median(kept, n) : 0;
+}
+
+/*
+ * Measured once, by one thread at a time: a probe that counted (or found
+ * that it never can) is the answer for good; one that fell in a spell
+ * leaves it unknown (0) for a later call to try again, 10 ms later, then
+ * 20, 40 ...: spells come with memory traffic (another core's memset made
+ * 2-17% of rounds spells), and a busy process may decode through one
+ * probe after another. KEPT_PROBES in all (the last some five minutes
+ * after the first), then 0 for good. The other threads do not wait for a
+ * probe: they get 0 meanwhile. What the probes share is under the flag
+ * (acquire/release); the answer's first load is outside it, relaxed: it
+ * is a hint for the tiles' step, and any value this machine measured is
+ * right.
+ */
+int32_t kva_cpu_prefetch_kept(void)
+{
+	static _Atomic int32_t known = -1; /* -1 not known yet */
+	static atomic_flag busy = ATOMIC_FLAG_INIT;
+	static int probes;
+	static uint64_t next_ns; /* the next probe not before */
+	int32_t v = atomic_load_explicit(&known, memory_order_relaxed);
+	uint64_t now;
+
+	if (v >= 0)
+		return v;
+	if (atomic_flag_test_and_set_explicit(&busy, memory_order_acquire))
+		return 0; /* another thread is measuring */
+	v = atomic_load_explicit(&known, memory_order_relaxed);
+	if (v < 0 && (now = now_ns()) >= next_ns) {
+		v = measure_kept();
+		if (v != 0 || ++probes == KEPT_PROBES)
+			atomic_store_explicit(&known, v > 0 ? v : 0, memory_order_relaxed);
+		else
+			next_ns = now_ns() + ((uint64_t)KEPT_AGAIN_NS << (probes - 1));
+	}
+	atomic_flag_clear_explicit(&busy, memory_order_release);
+	return v > 0 ? v : 0;
 }

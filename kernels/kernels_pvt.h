@@ -50,6 +50,9 @@ struct kva__tile {
 	 * whether this tile's first block was prefetched so (by the tile before) */
 	const struct kva__tile *next;
 	bool warm;
+	/* the AVX2 tile: tokens of one head's output rows between prefetch
+	 * steps (tile_avx2.c), >= 1 */
+	int32_t one_step;
 };
 
 /* The tile as its @i-th head sees it: a span of one. */
@@ -73,6 +76,11 @@ void kva__tile_scalar(const struct kva__tile *t);
 /* tile_avx2.c, tile_avx512.c: head_dim a multiple of 8 / 16 */
 void kva__tile_avx2(const struct kva__tile *t);
 void kva__tile_avx512(const struct kva__tile *t);
+/* tile_avx2.c: the one_step the AVX2 tile takes for @dt, @head_dim (a
+ * multiple of 8), @group, on a core that keeps @kept of a burst of 64
+ * prefetches (0: not known). Plain integer code, but compiled with AVX2:
+ * call it only where kva__isa_supported(KVA_ISA_AVX2) */
+int kva__avx2_one_step(enum kva_dtype dt, int head_dim, int group, int kept);
 
 /* Scale of token @t's head in int8 K (or V), or the fp8 scale; 1 otherwise. */
 static inline float kva__scale(const struct kva_kv_desc *kv, const float *base, int32_t page,

@@ -46,15 +46,21 @@
 
 /*
  * ... and of one head's whole rows (accumulate_one: group 1, or a group's
- * last head). A step spreads a turn's lines over the steps its loops take,
- * and group 1 takes few (its FMAs are few): at 8 tokens a step each asked
- * for 44 lines at once, more than a core keeps in flight (about 22 of a
- * burst of 64 on Zen 3: `prefetch_kept`), at 4 for 29. Zen 3, AVX2,
- * kvarena-ab, each build in four code layouts: group 1 out of cache
- * 1.02-1.06x as fast at 4 (4 runs), 0.93 at 16, 1.01-1.02 at 2; in L2 0.96
- * at 4, 0.93 at 2 (README, seventeenth session).
+ * last head), chosen per machine: t->one_step (struct kva__tile), which
+ * kva__avx2_one_step() below picks. A step spreads a turn's lines over the
+ * steps its loops take, and group 1 takes few (its FMAs are few): at 8
+ * tokens a step each asks for 44 lines at once (f16, head_dim 128), at 4
+ * for 29. A core that drops what it cannot start (about 22 of a burst of
+ * 64 on Zen 3: `prefetch_kept`) wants the short step, one that keeps the
+ * whole burst (Zen 4: 63-64) the long one, whose steps cost fewer calls.
+ * Each build in four code layouts, kvarena-ab, AVX2: Zen 3 group 1 out of
+ * cache 1.02-1.06x as fast at 4 as at 8 (4 runs), 0.93 at 16, 1.01-1.02 at
+ * 2, in L2 0.96 at 4 (README, seventeenth session); Zen 4 8 against 4
+ * 1.04-1.10 at group 1 out of cache (4 runs, all 16 layout pairs faster),
+ * 1.00 in L2, 1.07 at group 5 (nineteenth session).
  */
-#define ONE_STEP 4
+#define ONE_STEP_SHORT 4
+#define ONE_STEP_LONG 8
 
 /* lane i = the sum of v[i]'s 8 lanes */
 AI __m256 reduce8(const __m256 v[8])
@@ -457,10 +463,11 @@ AI void accumulate_one(const struct kva__tile *t, const struct kva__rows *bk, si
 	const char *const *vp = bk->v, *const *vend = bk->v + bk->n;
 	const float *sp = &s[g0][0];
 	const size_t off = hoff + (size_t)c0 * 8 * esize;
+	const ptrdiff_t step = t->one_step;
 
 	for (const char *const *cend; vp < vend;) {
 		kva__pf_step(pf);
-		cend = vend - vp > ONE_STEP ? vp + ONE_STEP : vend;
+		cend = vend - vp > step ? vp + step : vend;
 		for (; vp < cend; vp++, sp++) {
 			const char *row = *vp + off;
 			__m256 b = _mm256_broadcast_ss(sp);
@@ -527,7 +534,7 @@ AI bool one_rows(int NC, int c0)
 	return NC - c0 > 8;
 }
 
-/* a prefetch step every ACC_STEP tokens of each part (ONE_STEP of one head's rows) */
+/* a prefetch step every ACC_STEP tokens of each part (t->one_step of one head's rows) */
 AI void accumulate(const struct kva__tile *t, const struct kva__rows *bk, size_t hoff,
 		   struct kva__pf *pf, float s[][ROW], const enum kva_dtype dt, int NC)
 {
@@ -551,8 +558,9 @@ AI void accumulate(const struct kva__tile *t, const struct kva__rows *bk, size_t
 }
 
 /* the prefetch steps of one head's turn at a block of n tokens: what
- * head_block()'s scores, softmax and accumulate() take, counted the same way */
-static int head_steps(int G, int NC, int n)
+ * head_block()'s scores, softmax and accumulate() take, counted the same
+ * way, with one head's rows a step every @one_step tokens */
+static int head_steps(int G, int NC, int n, int one_step)
 {
 	int steps = G; /* the softmax: one a query head */
 
@@ -562,11 +570,27 @@ static int head_steps(int G, int NC, int n)
 		steps += (n + tb - 1) / tb;
 		for (int c0 = 0; c0 < NC; c0 += part_chunks(NC, c0, cg))
 			if (rest == 1 && one_rows(NC, c0))
-				steps += (n + ONE_STEP - 1) / ONE_STEP;
+				steps += (n + one_step - 1) / one_step;
 			else
 				steps += (n + ACC_STEP - 1) / ACC_STEP;
 	}
 	return steps;
+}
+
+/*
+ * The long step where the lines a step asks for (the next turn's, spread
+ * over this one's steps as kva__pf_begin spreads them: one head, a run a
+ * row, a line more for a run off a line boundary) are no more than the
+ * core keeps of a burst; else, and where that is not known, the short one.
+ * Zen 4 (64 kept): 8 at f16 and bf16 (44 lines a step at group 1, head_dim
+ * 128), 4 at f32 (79); Zen 3 (21-26): 4.
+ */
+int kva__avx2_one_step(enum kva_dtype dt, int head_dim, int group, int kept)
+{
+	const int lines = 2 * KVA__BLOCK_TOKENS * (int)(((size_t)head_dim * kva__esize(dt) + 63) / 64 + 1);
+	const int steps = head_steps(group, head_dim / 8, KVA__BLOCK_TOKENS, ONE_STEP_LONG);
+
+	return (lines + steps - 1) / steps <= kept ? ONE_STEP_LONG : ONE_STEP_SHORT;
 }
 
 /* One KV head's turn at a block: score, fold into the softmax state, accumulate. */
@@ -649,7 +673,8 @@ AI void tile(const struct kva__tile *t, const enum kva_dtype dt, int NC)
 	struct kva__blocks b;
 
 	/* a head's turn ahead (kernels_pvt.h) */
-	kva__blocks_begin(&b, t, row_bytes, head_steps(t->group, NC, KVA__BLOCK_TOKENS), true);
+	kva__blocks_begin(&b, t, row_bytes,
+			  head_steps(t->group, NC, KVA__BLOCK_TOKENS, t->one_step), true);
 	for (int32_t tb = t->t0; tb < t->t1; tb += KVA__BLOCK_TOKENS) {
 		const struct kva__rows *bk = kva__blocks_next(&b, t, tb);
 

@@ -12,6 +12,7 @@
  */
 #include <errno.h>
 #include <math.h>
+#include <pthread.h>
 #include <setjmp.h>
 #include <stdarg.h>
 #include <stddef.h>
@@ -859,6 +860,147 @@ static void test_turn_cursor_reads_the_next_turn(void **state)
 	}
 }
 
+/*
+ * The AVX2 tile's step of one head's rows (pf_step) moves only its
+ * prefetches: for every step, group shape that takes it (1, and 5 and 7,
+ * whose last head does), dtype and head_dim, the same result bit for bit,
+ * and the reference's. Steps that do not divide a block (48), one past it
+ * and every token, over blocks cut short by the sequences' ends.
+ */
+static void test_every_pf_step_computes_the_same(void **state)
+{
+	static const enum kva_dtype dts[] = { KVA_F32, KVA_F16, KVA_INT8 };
+	static const int32_t dims[] = { 64, 80, 128, 256 };
+	static const int32_t groups[] = { 1, 5, 7 };
+	static const int32_t steps[] = { 0, 1, 3, 4, 8, 13, 47, 48 };
+	static const int32_t lens[] = { 1, 47, 49, 100, 131 };
+	const int32_t heads = 2, P = 16, n = 5;
+	bool avx2 = false;
+
+	(void)state;
+	for (int k = 0; k < n_isas; k++)
+		avx2 |= isas[k] == KVA_ISA_AVX2;
+	if (!avx2)
+		skip();
+	for (unsigned i = 0; i < sizeof(dts) / sizeof(dts[0]); i++)
+		for (unsigned j = 0; j < sizeof(dims) / sizeof(dims[0]); j++)
+			for (unsigned g = 0; g < sizeof(groups) / sizeof(groups[0]); g++) {
+				const int32_t qh = heads * groups[g], D = dims[j];
+				const size_t nq = (size_t)n * qh * D;
+				uint64_t rng = 300 + 100 * i + 10 * j + g;
+				struct cache c;
+				struct batch b;
+				int32_t pages = pages_for(lens, n, P);
+				float *q = malloc(sizeof(float) * nq), *out = malloc(sizeof(float) * nq);
+				float *first = malloc(sizeof(float) * nq);
+				double *ref = malloc(sizeof(double) * nq), rlse[5 * 2 * 7];
+
+				cache_make(&c, dts[i], pages, P, heads, D, HND, 0);
+				batch_make(&b, lens, n, P, pages, false, &rng);
+				fill(&c, &b, 1.0f, &rng);
+				for (size_t e = 0; e < nq; e++)
+					q[e] = frand(&rng);
+				reference(&c, &b, q, qh, 0.1, ref, rlse);
+				for (unsigned s = 0; s < sizeof(steps) / sizeof(steps[0]); s++) {
+					struct kva_decode_opts o = { .isa = KVA_ISA_AVX2,
+								     .pf_step = steps[s] };
+					double w;
+
+					assert_int_equal(kva_decode(&c.kv, &b.pt, q, KVA_F32, qh, 0.1f, out,
+								    NULL, &o), 0);
+					w = worst(out, ref, (size_t)n * qh, D);
+					if (!(w <= tolerance(dts[i])))
+						fail_msg("%s dim %d group %d pf_step %d: error %.3g",
+							 kva_dtype_name(dts[i]), D, groups[g], steps[s], w);
+					if (s == 0)
+						memcpy(first, out, sizeof(float) * nq);
+					else if (memcmp(out, first, sizeof(float) * nq))
+						fail_msg("%s dim %d group %d: pf_step %d differs from "
+							 "the chosen one's", kva_dtype_name(dts[i]), D,
+							 groups[g], steps[s]);
+				}
+				cache_free(&c);
+				batch_free(&b);
+				free(q);
+				free(out);
+				free(first);
+				free(ref);
+			}
+}
+
+static void *kept_thread(void *arg)
+{
+	*(int32_t *)arg = kva_cpu_prefetch_kept();
+	return NULL;
+}
+
+/*
+ * The step chosen for this CPU: 8 where a step's lines are no more than the
+ * prefetches the core keeps, else 4; a count in 0..64, the same from every
+ * thread once known; bad geometry refused.
+ */
+static void test_pf_step_follows_the_prefetches_kept(void **state)
+{
+	pthread_t th[4];
+	int32_t got[4], kept;
+	bool avx2 = false;
+
+	(void)state;
+	for (int i = 0; i < 4; i++)
+		assert_int_equal(pthread_create(&th[i], NULL, kept_thread, &got[i]), 0);
+	for (int i = 0; i < 4; i++) {
+		assert_int_equal(pthread_join(th[i], NULL), 0);
+		assert_true(got[i] >= 0 && got[i] <= 64);
+	}
+	/* a probe that fell in a spell of dropped prefetches leaves 0, tried
+	 * again at a later call (10 ms later, then 20 ...): the count may
+	 * still come while this runs, and once there it stays */
+	kept = kva_cpu_prefetch_kept();
+	fprintf(stderr, "  prefetches kept of 64: %d\n", kept);
+	assert_true(kept >= 0 && kept <= 64);
+	for (int i = 0; i < 4; i++) {
+		int32_t again = kva_cpu_prefetch_kept();
+
+		assert_true(again >= 0 && again <= 64);
+		assert_true(!kept || again == kept);
+		kept = again;
+	}
+	for (int k = 0; k < n_isas; k++)
+		avx2 |= isas[k] == KVA_ISA_AVX2;
+	if (!avx2) {
+		assert_int_equal(kva_decode_pf_step(KVA_F16, 128, 1), 0);
+	} else {
+		/* the count each step was chosen with: the same before and after */
+		int32_t k0, s16, s32, s1k, s8[64], k1;
+
+		do {
+			k0 = kva_cpu_prefetch_kept();
+			/* f16, head_dim 128, group 1: 480 lines a turn, 44 a step at 8 */
+			s16 = kva_decode_pf_step(KVA_F16, 128, 1);
+			/* f32: 864 lines, 79 a step at 8, more than a burst */
+			s32 = kva_decode_pf_step(KVA_F32, 128, 1);
+			/* f32, head_dim 256: 1632 lines, 96 a step at 8 */
+			s1k = kva_decode_pf_step(KVA_F32, 256, 1);
+			for (int32_t g = 1; g <= 64; g++)
+				s8[g - 1] = kva_decode_pf_step(KVA_INT8, 64, g);
+			k1 = kva_cpu_prefetch_kept();
+		} while (k0 != k1);
+		assert_int_equal(s16, k0 >= 44 ? 8 : 4);
+		assert_int_equal(s32, 4);
+		assert_int_equal(s1k, 4);
+		for (int32_t g = 1; g <= 64; g++) {
+			assert_true(s8[g - 1] == 4 || s8[g - 1] == 8);
+			assert_true(k0 || s8[g - 1] == 4);
+		}
+	}
+	assert_int_equal(kva_decode_pf_step(KVA_F16, 12, 1), -EINVAL);
+	assert_int_equal(kva_decode_pf_step(KVA_F16, 0, 1), -EINVAL);
+	assert_int_equal(kva_decode_pf_step(KVA_F16, 1032, 1), -EINVAL);
+	assert_int_equal(kva_decode_pf_step(KVA_F16, 128, 0), -EINVAL);
+	assert_int_equal(kva_decode_pf_step(KVA_F16, 128, 65), -EINVAL);
+	assert_int_equal(kva_decode_pf_step((enum kva_dtype)17, 128, 1), -EINVAL);
+}
+
 static void test_large_logits_stay_finite_and_exact(void **state)
 {
 	static const int32_t lens[] = { 300, 50 };
@@ -1153,6 +1295,13 @@ static void test_malformed_decode_arguments_are_einval(void **state)
 
 		assert_int_equal(kva_decode(&c.kv, &b.pt, q, KVA_F32, 4, 1.0f, out, NULL, &o),
 				 -EINVAL);
+		o = (struct kva_decode_opts){ .pf_step = -1 };
+		assert_int_equal(kva_decode(&c.kv, &b.pt, q, KVA_F32, 4, 1.0f, out, NULL, &o),
+				 -EINVAL);
+		o.pf_step = KVA__BLOCK_TOKENS + 1;
+		assert_int_equal(kva_decode(&c.kv, &b.pt, q, KVA_F32, 4, 1.0f, out, NULL, &o),
+				 -EINVAL);
+		assert_non_null(strstr(kva_errmsg(), "pf_step"));
 	}
 #undef EXPECT
 	cache_free(&c);
@@ -1429,6 +1578,8 @@ int main(void)
 		cmocka_unit_test(test_strides_nhd_hnd_and_padding),
 		cmocka_unit_test(test_prefetch_cursor_reads_the_block_in_address_order),
 		cmocka_unit_test(test_turn_cursor_reads_the_next_turn),
+		cmocka_unit_test(test_every_pf_step_computes_the_same),
+		cmocka_unit_test(test_pf_step_follows_the_prefetches_kept),
 		cmocka_unit_test(test_large_logits_stay_finite_and_exact),
 		cmocka_unit_test(test_empty_sequence_gives_zero_and_minus_inf_lse),
 		cmocka_unit_test(test_half_precision_queries_and_outputs),

@@ -373,6 +373,7 @@ class kva_decode_opts(Structure):
         ("split_tokens", c_int32),
         ("max_splits", c_int32),
         ("isa", c_enum),
+        ("pf_step", c_int32),
     ]
 
 

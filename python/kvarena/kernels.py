@@ -484,7 +484,7 @@ def decode(kv: KVDesc, q: np.ndarray, page_table: PageTable, *,
            dtype: Optional[DTypeLike] = None, out: Optional[np.ndarray] = None,
            k_scale: Any = None, v_scale: Any = None, threads: int = 0,
            split_tokens: int = 0, max_splits: int = 0,
-           isa: str = "auto") -> Union[np.ndarray, tuple[np.ndarray, np.ndarray]]:
+           isa: str = "auto", pf_step: int = 0) -> Union[np.ndarray, tuple[np.ndarray, np.ndarray]]:
     """One decode step: for each sequence ``b`` of the page table and query
     head ``h``, ``out[b, h] = softmax(sm_scale * q[b, h] . K_b) V_b`` over the
     sequence's tokens, with K/V head ``h // (num_q_heads // num_kv_heads)``
@@ -495,9 +495,11 @@ def decode(kv: KVDesc, q: np.ndarray, page_table: PageTable, *,
     ``1/sqrt(head_dim)``. Returns a new array like ``q`` (or fills ``out``),
     and with ``return_lse`` also ``lse`` ``[batch, num_q_heads]`` float32
     (natural log; ``-inf`` for an empty sequence, whose output is 0).
-    ``threads`` (0: :func:`kernel_threads`), ``split_tokens``, ``max_splits``
-    and ``isa`` (``"auto"``, ``"scalar"``, ``"avx2"``, ``"avx512"``) are
-    ``struct kva_decode_opts``; results do not depend on ``threads``.
+    ``threads`` (0: :func:`kernel_threads`), ``split_tokens``, ``max_splits``,
+    ``isa`` (``"auto"``, ``"scalar"``, ``"avx2"``, ``"avx512"``) and ``pf_step``
+    (the AVX2 path's prefetch step, 1..48; 0: chosen for this CPU) are
+    ``struct kva_decode_opts``; results depend on neither ``threads`` nor
+    ``pf_step``.
     """
     _host(kv, "decode")
     q = _array("q", q)
@@ -543,7 +545,8 @@ def decode(kv: KVDesc, q: np.ndarray, page_table: PageTable, *,
         raise _einval(f"isa must be one of {', '.join(ISAS)}, not {isa!r}")
     opts = A.kva_decode_opts(as_int("threads", threads, 0, 256),
                              as_int("split_tokens", split_tokens, 0, I32),
-                             as_int("max_splits", max_splits, 0, I32), ISAS[isa])
+                             as_int("max_splits", max_splits, 0, I32), ISAS[isa],
+                             as_int("pf_step", pf_step, 0, 48))
     c, keep = kv._with_fp8_scales(k_scale, v_scale)
     pt = page_table._c()
     ret = _lib.lib().kva_decode(ctypes.byref(c), ctypes.byref(pt), q.ctypes.data, int(d),

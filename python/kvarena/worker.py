@@ -499,15 +499,15 @@ class Worker:
                sm_scale: Optional[float] = None, return_lse: bool = False,
                dtype: Optional[DTypeLike] = None, out: Optional[np.ndarray] = None,
                k_scale: Any = None, v_scale: Any = None, threads: int = 0,
-               split_tokens: int = 0, max_splits: int = 0,
-               isa: str = "auto") -> Union[np.ndarray, tuple[np.ndarray, np.ndarray]]:
+               split_tokens: int = 0, max_splits: int = 0, isa: str = "auto",
+               pf_step: int = 0) -> Union[np.ndarray, tuple[np.ndarray, np.ndarray]]:
         """:func:`kvarena.kernels.decode` over layer ``layer`` of the arena
         (block ids are page ids): ``q`` ``[batch, num_q_heads, head_dim]``;
         returns ``out`` (like ``q``) or, with ``return_lse``, ``(out, lse)``."""
         return _decode(self.kv_desc(layer), q, page_table, sm_scale=sm_scale,
                        return_lse=return_lse, dtype=dtype, out=out, k_scale=k_scale,
                        v_scale=v_scale, threads=threads, split_tokens=split_tokens,
-                       max_splits=max_splits, isa=isa)
+                       max_splits=max_splits, isa=isa, pf_step=pf_step)
 
     # ----------------------------------------------------------- sequences
 

@@ -82,6 +82,13 @@
  *                      flight. null for bytes of fewer than 64 4 KiB chunks,
  *                      and where a load from memory could not be told
  *                      from one from the cache (under 2x its time)
+ *   pf_step            the AVX2 tile's step of one head's rows (tokens
+ *                      between prefetch steps) that the library takes for
+ *                      this dtype, head_dim and group on this CPU, as at the
+ *                      end of the run (kva_decode_pf_step: 8 where the
+ *                      lines of a step are no more than the library's own
+ *                      count of prefetches kept, kva_cpu_prefetch_kept,
+ *                      else 4); null on the other paths
  *   roofline_gbps      the arithmetic roofline of the decode's ISA, with
  *                      `threads` threads, in the same run (bench_roofline.c):
  *                      bytes a second if memory cost nothing, each stored
@@ -829,6 +836,10 @@ static int print_line(const struct config *c, const struct batch *b, const struc
 	bench_line_str(&l, "ceiling_isa", bench_readbw_isa(rb));
 	bench_line_num(&l, "latency_ns", f->latency_ns, 1);
 	bench_line_num(&l, "prefetch_kept", f->prefetch_kept, 1);
+	bench_line_num(&l, "pf_step", isa_used(isa, c->head_dim) == KVA_ISA_AVX2
+					      ? kva_decode_pf_step(c->dtype, (int32_t)c->head_dim,
+								   (int32_t)c->group)
+					      : NAN, 0);
 	bench_line_num(&l, "roofline_gbps", f->roofline_gbps, 2);
 	if (isnan(f->roofline_gbps)) {
 		bench_line_num(&l, "bound", NAN, 0);

@@ -5,6 +5,7 @@
  * whoever changes the kernels.
  *
  *   kvarena-ab [options] LIB LIB...   (each LIB a path to a libkvarena.so)
+ *   kvarena-ab --pf-step 4,8 LIB LIB  (one build, two of its options)
  *
  * Each build is loaded with dlopen(RTLD_LOCAL) from its own file, so each
  * has its own symbols, thread pool and scratch; the cache, the page table
@@ -30,7 +31,7 @@
  *   lib          the path
  *   isa          the path asked for (--isa; "auto" is each build's best)
  *   batch, context, kv_heads, head_dim, group, threads, rounds, one_page,
- *   hugepages    as run
+ *   hugepages, pf_step   as run (pf_step 0: the build picks it)
  *   gbps         K and V bytes per second, the median round
  *   gbps_min, gbps_max   the slowest and the fastest round
  *   speed        the median of (first build's round time / this build's)
@@ -70,6 +71,8 @@ struct ab_opts {
 	enum kva_isa isa;
 	const char *isa_name; /* as given to --isa */
 	bool one_page, hugepages;
+	int pf_step[MAX_LIBS]; /* struct kva_decode_opts's, each build's */
+	int n_pf_steps;        /* how many --pf-step gave */
 };
 
 static int cmp_double(const void *a, const void *b)
@@ -98,6 +101,11 @@ static void usage(FILE *f)
 		"  --hugepages    the cache on 2 MiB huge pages (needs vm.nr_hugepages)\n"
 		"  --isa NAME     avx2 (default), avx512, scalar, auto\n"
 		"  --rounds N     rounds, 1..%d (default 30)\n"
+		"  --pf-step A,B,...  kva_decode_opts.pf_step of each build in turn (the\n"
+		"                 AVX2 tile's step of one head's rows, 0..48; default 0,\n"
+		"                 the step the build picks for this CPU); one value is\n"
+		"                 every build's. A build given twice with two steps\n"
+		"                 compares the steps\n"
 		"  --help         this text\n",
 		MAX_ROUNDS);
 }
@@ -111,7 +119,7 @@ static int parse(int argc, char **argv, struct ab_opts *o)
 		{ "pages", required_argument, 0, 'p' },	 { "isa", required_argument, 0, 'i' },
 		{ "rounds", required_argument, 0, 'r' },	 { "help", no_argument, 0, 'h' },
 		{ "one-page", no_argument, 0, '1' },	 { "hugepages", no_argument, 0, 'H' },
-		{ 0, 0, 0, 0 }
+		{ "pf-step", required_argument, 0, 's' }, { 0, 0, 0, 0 }
 	};
 	int c;
 
@@ -130,6 +138,21 @@ static int parse(int argc, char **argv, struct ab_opts *o)
 		case 'r': o->rounds = atoi(optarg); break;
 		case '1': o->one_page = true; break;
 		case 'H': o->hugepages = true; break;
+		case 's':
+			for (char *p = optarg, *end;; p = end + 1) {
+				long v = strtol(p, &end, 10);
+
+				if (end == p || v < 0 || v > 48 || o->n_pf_steps == MAX_LIBS ||
+				    (*end && *end != ',')) {
+					fprintf(stderr, "kvarena-ab: --pf-step: up to %d numbers "
+							"0..48, comma-separated\n", MAX_LIBS);
+					return -EINVAL;
+				}
+				o->pf_step[o->n_pf_steps++] = (int)v;
+				if (!*end)
+					break;
+			}
+			break;
 		case 'i':
 			o->isa = !strcmp(optarg, "avx2")     ? KVA_ISA_AVX2
 				 : !strcmp(optarg, "avx512") ? KVA_ISA_AVX512
@@ -155,6 +178,12 @@ static int parse(int argc, char **argv, struct ab_opts *o)
 		fprintf(stderr, "kvarena-ab: give 1 to %d library paths\n", MAX_LIBS);
 		return -EINVAL;
 	}
+	if (o->n_pf_steps > 1 && o->n_pf_steps != argc - optind) {
+		fprintf(stderr, "kvarena-ab: --pf-step: one value, or one for each build\n");
+		return -EINVAL;
+	}
+	for (int i = o->n_pf_steps; i < MAX_LIBS; i++) /* one value is everyone's */
+		o->pf_step[i] = o->n_pf_steps ? o->pf_step[0] : 0;
 	return 0;
 }
 
@@ -265,23 +294,26 @@ static int measure(const struct ab_opts *o, const decode_fn *fn, int nl, char *c
 	};
 	const struct kva_page_table pt = { .batch = o->batch, .page_size = P, .indptr = d->indptr,
 					   .indices = d->pages, .last_page_len = d->last };
-	const struct kva_decode_opts dopt = { .threads = o->threads, .isa = o->isa };
+	struct kva_decode_opts dopt[MAX_LIBS];
 	const float scale = 1.0f / sqrtf((float)D);
 	const double bytes = (double)o->batch * o->context * H * D * 2 * 2;
 	const uint64_t turn = 20000000; /* ns: about a build's turn */
 	uint64_t one;
 	int reps, ret;
 
+	for (int i = 0; i < nl; i++)
+		dopt[i] = (struct kva_decode_opts){ .threads = o->threads, .isa = o->isa,
+						    .pf_step = o->pf_step[i] };
 	/* warm up every build (its pool, its scratch), and check that it runs */
 	for (int i = 0; i < nl; i++)
 		if ((ret = fn[i](&kv, &pt, d->q, KVA_F32, H * o->group, scale, d->out[i], NULL,
-				 &dopt)) < 0) {
+				 &dopt[i])) < 0) {
 			fprintf(stderr, "kvarena-ab: kva_decode of %s: %s\n", names[i],
 				strerror(-ret));
 			return ret;
 		}
 	one = bench_now_ns();
-	fn[0](&kv, &pt, d->q, KVA_F32, H * o->group, scale, d->out[0], NULL, &dopt);
+	fn[0](&kv, &pt, d->q, KVA_F32, H * o->group, scale, d->out[0], NULL, &dopt[0]);
 	one = bench_now_ns() - one;
 	reps = one >= turn ? 1 : (int)(turn / (one + 1)) + 1;
 	for (int r = 0; r < R; r++)
@@ -291,7 +323,7 @@ static int measure(const struct ab_opts *o, const decode_fn *fn, int nl, char *c
 
 			for (int n = 0; n < reps; n++)
 				fn[i](&kv, &pt, d->q, KVA_F32, H * o->group, scale, d->out[i], NULL,
-				      &dopt);
+				      &dopt[i]);
 			t[i][r] = (double)(bench_now_ns() - s) / reps;
 		}
 	for (int i = 0; i < nl; i++) {
@@ -310,12 +342,12 @@ static int measure(const struct ab_opts *o, const decode_fn *fn, int nl, char *c
 		bench_json_escape(names[i], lib, sizeof(lib));
 		printf("{\"lib\":\"%s\",\"isa\":\"%s\",\"batch\":%d,\"context\":%d,\"kv_heads\":%d,"
 		       "\"head_dim\":%d,\"group\":%d,\"threads\":%d,\"rounds\":%d,"
-		       "\"one_page\":%s,\"hugepages\":%s,\"gbps\":%.2f,\"gbps_min\":%.2f,"
+		       "\"one_page\":%s,\"hugepages\":%s,\"pf_step\":%d,\"gbps\":%.2f,\"gbps_min\":%.2f,"
 		       "\"gbps_max\":%.2f,\"speed\":%.3f,\"speed_q1\":%.3f,\"speed_q3\":%.3f,"
 		       "\"max_abs_diff\":%.3g}\n",
 		       lib, o->isa_name, o->batch, o->context, o->kv_heads, o->head_dim, o->group,
 		       o->threads, R, o->one_page ? "true" : "false", o->hugepages ? "true" : "false",
-		       bytes / times[R / 2], bytes / times[R - 1], bytes / times[0], speed[R / 2],
+		       o->pf_step[i], bytes / times[R / 2], bytes / times[R - 1], bytes / times[0], speed[R / 2],
 		       speed[R / 4], speed[(3 * R) / 4], diff);
 	}
 	return 0;
@@ -347,7 +379,7 @@ int main(int argc, char **argv)
 		 * from an object pointer to a function's: the bytes are copied */
 		memcpy(&fn[i], &sym, sizeof(sym));
 		for (int j = 0; j < i; j++)
-			if (fn[j] == fn[i])
+			if (fn[j] == fn[i] && o.pf_step[j] == o.pf_step[i])
 				fprintf(stderr, "kvarena-ab: %s is a build already loaded (the same "
 						"file?): it is compared with itself\n",
 					argv[optind + i]);

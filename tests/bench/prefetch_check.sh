@@ -3,7 +3,8 @@
 # the quick configuration (fewer bytes than a burst of 64 prefetches needs
 # 4 KiB chunks), and a count from 0 to 64 for one of 2 MiB; and for that
 # one, the prefetched 4 KiB read: a rate above 0 at one of the four
-# distances it tries, and the decode's ratio to it.
+# distances it tries, and the decode's ratio to it; and "pf_step", the
+# step the library takes: 4 or 8 on the AVX2 path, null on the others.
 set -u
 bench=$1
 small=$("$bench" decode --quick) || { echo "prefetch_check: the bench failed"; exit 1; }
@@ -34,4 +35,18 @@ if ! printf '%s\n' "$ratio" | awk '$1 ~ /^[0-9]+(\.[0-9]+)?$/ && $1 > 0 { ok = 1
 	echo "prefetch_check: \"scatter4k_pf_ratio\" is '$ratio', not a ratio: $out"
 	exit 1
 fi
-echo "prefetch_check: $kept of 64 kept; prefetched 4 KiB reads $pf GB/s at $dist bytes ahead"
+step=$(field pf_step)
+case "$(field isa)/$step" in
+'"avx2"/4' | '"avx2"/8' | '"avx512"/null' | '"scalar"/null') ;;
+*) echo "prefetch_check: \"pf_step\" is '$step' on the $(field isa) path: $out"; exit 1 ;;
+esac
+for isa in avx2 scalar; do
+	o=$("$bench" decode --quick --kv-heads 8 --context 512 --isa "$isa" 2>/dev/null) || continue
+	s=$(printf '%s\n' "$o" | grep -o '"pf_step":[^,}]*' | cut -d: -f2)
+	case "$isa/$s" in
+	avx2/4 | avx2/8 | scalar/null) ;;
+	*) echo "prefetch_check: \"pf_step\" is '$s' with --isa $isa: $o"; exit 1 ;;
+	esac
+done
+echo "prefetch_check: pf_step $step ($(field isa));" \
+	"$kept of 64 kept; prefetched 4 KiB reads $pf GB/s at $dist bytes ahead"
