@@ -1,6 +1,7 @@
 /* SPDX-License-Identifier: MIT */
 /*
- * isa.c - which vector paths this CPU can run, decided at run time.
+ * isa.c - which vector paths this CPU can run, decided at run time, and how
+ * many software prefetches its core keeps in flight (the AVX2 tile's step).
  */
 #include <cpuid.h>
 #include <stdatomic.h>
@@ -10,6 +11,7 @@
 #include <x86intrin.h>
 
 #include "kernels_pvt.h"
+#include "tsc_x86.h"
 
 /*
  * F16C (CPUID.1:ECX bit 29): clang 14's __builtin_cpu_supports does not know
@@ -92,21 +94,6 @@ static uint64_t now_ns(void)
 	return (uint64_t)ts.tv_sec * 1000000000u + (uint64_t)ts.tv_nsec;
 }
 
-/* the time stamp counter around one load, which nothing else overlaps */
-static uint64_t timed_load(const char *p)
-{
-	unsigned aux;
-	uint64_t t0, t1;
-
-	_mm_lfence();
-	t0 = __rdtscp(&aux);
-	(void)*(const volatile char *)p;
-	/* rdtscp waits until the load before it has its data */
-	t1 = __rdtscp(&aux);
-	_mm_lfence();
-	return t1 - t0;
-}
-
 static int cmp_u64(const void *a, const void *b)
 {
 	uint64_t x = *(const uint64_t *)a, y = *(const uint64_t *)b;
@@ -176,8 +163,8 @@ static int32_t measure_kept(void)
 	 * the midpoint tells them apart */
 	cold_lines(buf, &rng, line);
 	for (unsigned i = 0; i < KEPT_BURST; i++) {
-		cold[i] = timed_load(line[i]);
-		hot[i] = timed_load(line[i]);
+		cold[i] = kva__timed_load(line[i]);
+		hot[i] = kva__timed_load(line[i]);
 	}
 	cold_t = median(cold, KEPT_BURST);
 	hot_t = median(hot, KEPT_BURST);
@@ -192,7 +179,7 @@ static int32_t measure_kept(void)
 		while (now_ns() < until)
 			_mm_pause();
 		for (unsigned i = 0; i < KEPT_BURST; i++)
-			got += timed_load(line[i]) <= limit;
+			got += kva__timed_load(line[i]) <= limit;
 		if (got > KEPT_OFF)
 			kept[n++] = got;
 	}

@@ -35,6 +35,7 @@
 #include <x86intrin.h>
 
 #include "bench.h"
+#include "tsc_x86.h"
 
 #define MAX_THREADS 64u
 #define PREFETCH_WAIT_NS 20000u /* 20 us: tens of memory latencies */
@@ -510,21 +511,6 @@ int bench_readbw_latency(struct bench_readbw *r, size_t bytes, uint32_t loads, d
 
 /* --------------------------------------------------- software prefetches */
 
-/* the time stamp counter around one load, which nothing else overlaps */
-static uint64_t timed_load(const char *p)
-{
-	unsigned aux;
-	uint64_t t0, t1;
-
-	_mm_lfence();
-	t0 = __rdtscp(&aux);
-	(void)*(const volatile char *)p;
-	/* rdtscp waits until the load before it has its data */
-	t1 = __rdtscp(&aux);
-	_mm_lfence();
-	return t1 - t0;
-}
-
 /*
  * Round @k's @n target lines: a random line in each of @n chunks of the 4
  * KiB order that lie wholly in the first @bytes (distinct chunks, so
@@ -578,8 +564,8 @@ int bench_readbw_prefetch_kept(struct bench_readbw *r, size_t bytes, unsigned bu
 	 * and in its time stamp counter's ticks: the midpoint tells them apart */
 	cold_lines(r, bytes, 0, burst, line);
 	for (unsigned i = 0; i < burst; i++) {
-		cold[i] = (double)timed_load(line[i]);
-		hot[i] = (double)timed_load(line[i]);
+		cold[i] = (double)kva__timed_load(line[i]);
+		hot[i] = (double)kva__timed_load(line[i]);
 	}
 	cold_ticks = bench_median(cold, burst);
 	hot_ticks = bench_median(hot, burst);
@@ -603,7 +589,7 @@ int bench_readbw_prefetch_kept(struct bench_readbw *r, size_t bytes, unsigned bu
 		while (bench_now_ns() < until)
 			;
 		for (unsigned i = 0; i < burst; i++)
-			missed += (double)timed_load(line[i]) > limit;
+			missed += (double)kva__timed_load(line[i]) > limit;
 	}
 	*kept = burst - (double)missed / rounds;
 	ret = 0;
