@@ -131,11 +131,17 @@ const char *kva_isa_name(enum kva_isa isa);
  * the decode tiles' hint) to lines in no cache, how many this core keeps:
  * a core that queues what it cannot start keeps them all, one that drops
  * the rest about as many as it has misses in flight (measured: Zen 4 63-64,
- * Zen 3 21-26). Measured once per process, at the first call, on the
- * calling thread: 16 bursts to a MiB of fresh memory, each line timed 20 us
- * later (about a millisecond in all; the first kva_decode on the AVX2 path
- * with pf_step 0 makes that call). Return: 1..64, or 0 where it cannot be
- * told (no RDTSCP, memory no slower than twice the cache, no memory).
+ * Zen 3 21-26). Measured at the first call, on the calling thread (the
+ * first kva_decode on the AVX2 path with pf_step 0 makes it): bursts to a
+ * MiB of fresh memory, each line timed 5 us later, the median of 16 rounds,
+ * about a millisecond. Rounds in which the core kept next to none do not
+ * count (a host's spell, see the README); a probe that saw only those
+ * leaves the count unknown, and a call 10 ms later probes again, then 20,
+ * 40 ms ... later, 16 probes at most; meanwhile other threads' calls
+ * return 0 at once. Thread-safe. Return: 1..64, the same for the rest of
+ * the process once known; 0 while not known, and for good where it cannot
+ * be told (no RDTSCP, memory no slower than twice the cache, 16 probes
+ * that saw only spells).
  */
 int32_t kva_cpu_prefetch_kept(void);
 
@@ -144,9 +150,11 @@ int32_t kva_cpu_prefetch_kept(void);
  * it 0, for a cache of @dtype and @head_dim read by @group query heads per
  * KV head on this CPU: 8 where the lines a step asks for (the next turn's
  * K and V rows, spread over this turn's steps) are no more than
- * kva_cpu_prefetch_kept(), else 4. Return: the step; 0 where this CPU has
- * no AVX2 path; -EINVAL for a head_dim not a multiple of 8 in 8..1024, a
- * group out of 1..64 or an unknown dtype.
+ * kva_cpu_prefetch_kept(), else 4 (so 4 while the count is not known: the
+ * step can change once in a process, from 4 to 8; any step computes the
+ * same result). Return: the step; 0 where this CPU has no AVX2 path;
+ * -EINVAL for a head_dim not a multiple of 8 in 8..1024, a group out of
+ * 1..64 or an unknown dtype.
  */
 int32_t kva_decode_pf_step(enum kva_dtype dtype, int32_t head_dim, int32_t group);
 
