@@ -146,9 +146,10 @@ const char *kva_isa_name(enum kva_isa isa);
 int32_t kva_cpu_prefetch_kept(void);
 
 /*
- * kva_decode_pf_step - the pf_step kva_decode takes when its options leave
- * it 0, for a cache of @dtype and @head_dim read by @group query heads per
- * KV head on this CPU: 8 where the lines a step asks for (the next turn's
+ * kva_decode_pf_step - the pf_step kva_decode's AVX2 path (isa avx2, or
+ * auto on a CPU without AVX-512) takes when the options leave it 0, for a
+ * cache of @dtype and @head_dim read by @group query heads per KV head on
+ * this CPU: 8 where the lines a step asks for (the next turn's
  * K and V rows, spread over this turn's steps) are no more than
  * kva_cpu_prefetch_kept(), else 4 (so 4 while the count is not known: the
  * step can change once in a process, from 4 to 8; any step computes the

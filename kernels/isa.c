@@ -108,7 +108,7 @@ static uint64_t median(uint64_t *v, unsigned n)
 }
 
 /*
- * Round @k's lines: one in each of KEPT_BURST pages drawn from the buffer,
+ * A round's lines: one in each of KEPT_BURST pages drawn from the buffer,
  * a line at random in each, their pages in the TLB (through another line
  * half a page away, so that no prefetcher takes the target for a
  * neighbour) and the lines themselves in no cache.

@@ -166,6 +166,8 @@ def cases(w: kvarena.Worker) -> list[Case]:
         ("decode sm_scale str", lambda: w.decode(0, ok_q, ok_pt, sm_scale="x"), TypeError),
         ("decode threads", lambda: w.decode(0, ok_q, ok_pt, threads=1000), Inval),
         ("decode isa", lambda: w.decode(0, ok_q, ok_pt, isa="sse9"), Inval),
+        ("decode pf_step", lambda: w.decode(0, ok_q, ok_pt, pf_step=49), Inval),
+        ("decode pf_step < 0", lambda: w.decode(0, ok_q, ok_pt, pf_step=-1), Inval),
         ("decode out shape", lambda: w.decode(0, ok_q, ok_pt, out=np.zeros(3, np.float32)),
          Inval),
         ("decode out read-only",

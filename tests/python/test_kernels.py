@@ -151,6 +151,9 @@ def test_decode_options_and_io_dtypes(make_agent):
         # results do not depend on threads; other splits and ISAs agree closely
         for threads in (1, 2, 3):
             assert np.array_equal(w.decode(0, q, pt, sm_scale=0.1, threads=threads), base)
+        # the AVX2 path's prefetch step moves no bit (the other paths ignore it)
+        for step in (1, 4, 8, 48):
+            assert np.array_equal(w.decode(0, q, pt, sm_scale=0.1, pf_step=step), base)
         other = w.decode(0, q, pt, sm_scale=0.1, split_tokens=64, max_splits=4, isa="scalar")
         np.testing.assert_allclose(other, base, rtol=1e-4, atol=1e-5)
         # f16 and bf16 queries and outputs
