@@ -4,6 +4,7 @@
  * many software prefetches its core keeps in flight (the AVX2 tile's step).
  */
 #include <cpuid.h>
+#include <pthread.h>
 #include <stdatomic.h>
 #include <stdlib.h>
 #include <sys/mman.h>
@@ -158,6 +159,8 @@ static int32_t measure_kept(void)
 	buf = mmap(NULL, size, PROT_READ | PROT_WRITE, MAP_PRIVATE | MAP_ANONYMOUS, -1, 0);
 	if (buf == MAP_FAILED)
 		return 0;
+	/* a child forked while this runs gets no copy it would never unmap */
+	madvise(buf, size, MADV_DONTFORK);
 	memset(buf, 1, size); /* pages of their own, not the shared zero page */
 	/* a load from memory and one from the cache, in this counter's ticks:
 	 * the midpoint tells them apart */
@@ -201,28 +204,52 @@ static int32_t measure_kept(void)
  * (acquire/release); the answer's first load is outside it, relaxed: it
  * is a hint for the tiles' step, and any value this machine measured is
  * right.
+ *
+ * A process forked while one of its threads probes has the flag set and
+ * no thread to clear it: its child would never probe, and would decode
+ * with the short step for good. So the child clears it (pthread_atfork,
+ * registered by the first call that finds the count unknown: a child of a
+ * process that never asked inherits the flag clear anyway). The forking
+ * thread is the child's only one, and it is not inside a probe: the
+ * child's first call probes afresh, with the count, the probes made and
+ * the next probe's time as the parent had them when it forked.
  */
+static _Atomic int32_t kept_known = -1; /* -1 not known yet */
+static atomic_flag kept_busy = ATOMIC_FLAG_INIT;
+static int kept_probes;
+static uint64_t kept_next_ns; /* the next probe not before */
+static pthread_once_t kept_once = PTHREAD_ONCE_INIT;
+
+static void kept_child(void)
+{
+	atomic_flag_clear_explicit(&kept_busy, memory_order_relaxed);
+}
+
+static void kept_atfork(void)
+{
+	/* ENOMEM leaves a child forked mid-probe with the short step: a
+	 * slower decode, the same results */
+	(void)pthread_atfork(NULL, NULL, kept_child);
+}
+
 int32_t kva_cpu_prefetch_kept(void)
 {
-	static _Atomic int32_t known = -1; /* -1 not known yet */
-	static atomic_flag busy = ATOMIC_FLAG_INIT;
-	static int probes;
-	static uint64_t next_ns; /* the next probe not before */
-	int32_t v = atomic_load_explicit(&known, memory_order_relaxed);
+	int32_t v = atomic_load_explicit(&kept_known, memory_order_relaxed);
 	uint64_t now;
 
 	if (v >= 0)
 		return v;
-	if (atomic_flag_test_and_set_explicit(&busy, memory_order_acquire))
+	pthread_once(&kept_once, kept_atfork);
+	if (atomic_flag_test_and_set_explicit(&kept_busy, memory_order_acquire))
 		return 0; /* another thread is measuring */
-	v = atomic_load_explicit(&known, memory_order_relaxed);
-	if (v < 0 && (now = now_ns()) >= next_ns) {
+	v = atomic_load_explicit(&kept_known, memory_order_relaxed);
+	if (v < 0 && (now = now_ns()) >= kept_next_ns) {
 		v = measure_kept();
-		if (v != 0 || ++probes == KEPT_PROBES)
-			atomic_store_explicit(&known, v > 0 ? v : 0, memory_order_relaxed);
+		if (v != 0 || ++kept_probes == KEPT_PROBES)
+			atomic_store_explicit(&kept_known, v > 0 ? v : 0, memory_order_relaxed);
 		else
-			next_ns = now_ns() + ((uint64_t)KEPT_AGAIN_NS << (probes - 1));
+			kept_next_ns = now_ns() + ((uint64_t)KEPT_AGAIN_NS << (kept_probes - 1));
 	}
-	atomic_flag_clear_explicit(&busy, memory_order_release);
+	atomic_flag_clear_explicit(&kept_busy, memory_order_release);
 	return v > 0 ? v : 0;
 }

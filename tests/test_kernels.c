@@ -13,12 +13,16 @@
 #include <errno.h>
 #include <math.h>
 #include <pthread.h>
+#include <spawn.h>
 #include <setjmp.h>
 #include <stdarg.h>
 #include <stddef.h>
 #include <stdio.h>
 #include <stdlib.h>
 #include <string.h>
+#include <sys/wait.h>
+#include <time.h>
+#include <unistd.h>
 
 #include <cmocka.h>
 #if defined(__x86_64__) || defined(__i386__)
@@ -1551,6 +1555,85 @@ static void test_decode_over_arena_blocks_in_both_layouts(void **state)
 		}
 }
 
+/*
+ * A child forked while a thread of its parent probes the prefetches its
+ * core keeps: the probe's flag is set in the child, where no thread will
+ * clear it, unless the library clears it at the fork. Run in a fresh
+ * process (KVA_TEST_FORK_PROBE, below), where nothing has probed yet: a
+ * thread starts the first probe (about a millisecond), the main thread
+ * forks @us microseconds later, and the child calls for up to 3 s (a probe
+ * in a spell of dropped prefetches is tried again 10, 20, 40 ... ms
+ * later). Exit status: 0 the child counted, or the parent never did
+ * (this CPU cannot tell, or spells all along: nothing to compare);
+ * 1 the parent counted and the child never did; 2 a failed call.
+ */
+static int32_t kept_within(int ms)
+{
+	int32_t v = 0;
+
+	for (int i = 0; i < ms && (v = kva_cpu_prefetch_kept()) == 0; i++)
+		usleep(1000);
+	return v;
+}
+
+static int fork_during_probe(long us)
+{
+	struct timespec t0, t;
+	int32_t got = 0, parent;
+	pthread_t th;
+	int status;
+	pid_t pid;
+
+	if (pthread_create(&th, NULL, kept_thread, &got))
+		return 2;
+	clock_gettime(CLOCK_MONOTONIC, &t0);
+	do
+		clock_gettime(CLOCK_MONOTONIC, &t);
+	while ((t.tv_sec - t0.tv_sec) * 1000000L + (t.tv_nsec - t0.tv_nsec) / 1000 < us);
+	pid = fork();
+	if (pid == 0)
+		_exit(kept_within(3000) > 0 ? 0 : 1);
+	if (pid < 0 || pthread_join(th, NULL))
+		return 2;
+	parent = kept_within(3000);
+	if (waitpid(pid, &status, 0) != pid || !WIFEXITED(status))
+		return 2;
+	fprintf(stderr, "  fork %ld us into the probe: parent %d, child %s\n", us, parent,
+		WEXITSTATUS(status) ? "never counted" : "counted");
+	return parent > 0 ? WEXITSTATUS(status) : 0;
+}
+
+/* forks at times before, during and after the first probe, each from a
+ * fresh process of this program */
+static void test_a_child_forked_during_a_probe_probes_again(void **state)
+{
+	static const char *const delays[] = { "0", "100", "200", "300", "450", "600",
+					      "800", "1000", "1300", "1700" };
+	extern char **environ;
+	size_t n = 0;
+	char **envp;
+
+	(void)state;
+	while (environ[n])
+		n++;
+	envp = calloc(n + 2, sizeof(*envp));
+	assert_non_null(envp);
+	memcpy(envp, environ, n * sizeof(*envp));
+	for (size_t i = 0; i < sizeof(delays) / sizeof(delays[0]); i++) {
+		char var[64], *const argv[] = { "test_kernels", NULL };
+		int status;
+		pid_t pid;
+
+		snprintf(var, sizeof(var), "KVA_TEST_FORK_PROBE=%s", delays[i]);
+		envp[n] = var;
+		assert_int_equal(posix_spawn(&pid, "/proc/self/exe", NULL, NULL, argv, envp), 0);
+		assert_int_equal(waitpid(pid, &status, 0), pid);
+		assert_true(WIFEXITED(status));
+		assert_int_equal(WEXITSTATUS(status), 0);
+	}
+	free(envp);
+}
+
 static int setup(void **state)
 {
 	(void)state;
@@ -1567,6 +1650,11 @@ static int setup(void **state)
 
 int main(void)
 {
+	const char *fork_probe = getenv("KVA_TEST_FORK_PROBE");
+
+	if (fork_probe) /* test_a_child_forked_during_a_probe_probes_again's process */
+		return fork_during_probe(atol(fork_probe));
+
 	const struct CMUnitTest tests[] = {
 		cmocka_unit_test(test_every_dtype_and_head_dim_matches_the_reference),
 		cmocka_unit_test(test_gqa_and_mqa_groups),
@@ -1581,6 +1669,7 @@ int main(void)
 		cmocka_unit_test(test_turn_cursor_reads_the_next_turn),
 		cmocka_unit_test(test_every_pf_step_computes_the_same),
 		cmocka_unit_test(test_pf_step_follows_the_prefetches_kept),
+		cmocka_unit_test(test_a_child_forked_during_a_probe_probes_again),
 		cmocka_unit_test(test_large_logits_stay_finite_and_exact),
 		cmocka_unit_test(test_empty_sequence_gives_zero_and_minus_inf_lse),
 		cmocka_unit_test(test_half_precision_queries_and_outputs),
