@@ -84,11 +84,14 @@
  *                      from one from the cache (under 2x its time)
  *   pf_step            the AVX2 tile's step of one head's rows (tokens
  *                      between prefetch steps) that the library takes for
- *                      this dtype, head_dim and group on this CPU, as at the
- *                      end of the run (kva_decode_pf_step: 8 where the
+ *                      this dtype, head_dim and group on this CPU, as the
+ *                      trials ran it (kva_decode_pf_step: 8 where the
  *                      lines of a step are no more than the library's own
  *                      count of prefetches kept, kva_cpu_prefetch_kept,
- *                      else 4); null on the other paths
+ *                      else 4); the bench waits up to a second for that
+ *                      count before the trials, so that the step stays
+ *                      (and says on stderr if it changed all the same);
+ *                      null on the other paths
  *   roofline_gbps      the arithmetic roofline of the decode's ISA, with
  *                      `threads` threads, in the same run (bench_roofline.c):
  *                      bytes a second if memory cost nothing, each stored
@@ -544,6 +547,7 @@ struct figures {
 	double roofline_gbps; /* NaN on the scalar path */
 	double naive_ms, naive_sampled, max_rel_err;
 	double other_cpus;
+	double pf_step; /* NaN off the AVX2 path */
 	unsigned reps;
 };
 
@@ -683,6 +687,20 @@ static void measure_naive(const struct config *c, const struct kvcache *kc, stru
 
 static enum kva_isa isa_used(enum kva_isa want, uint32_t head_dim);
 
+/*
+ * The AVX2 tile's step for @c, once the library knows this core's count of
+ * prefetches kept: its probe may fall in one of a host's spells and try
+ * again 10, 20, 40 ms ... later, and a step that changed from 4 to 8 in the
+ * middle of the trials would mix two kernels in one median. Up to a
+ * second; past it, the step the library takes meanwhile (4).
+ */
+static double settled_pf_step(const struct config *c)
+{
+	for (int ms = 0; ms < 1000 && kva_cpu_prefetch_kept() == 0; ms++)
+		usleep(1000);
+	return kva_decode_pf_step(c->dtype, (int32_t)c->head_dim, (int32_t)c->group);
+}
+
 /* the roofline's share of a trial: as many bytes as the call reads, within bounds */
 static uint64_t roofline_bytes(const struct config *c, const struct batch *b)
 {
@@ -714,6 +732,7 @@ static int measure(const struct config *c, const struct kvcache *kc, struct batc
 	if (b->bytes >= 4096 && (ret = time_read(rb, BENCH_READ_4K_PF, pf_distances[0], c, b->bytes,
 						 1, &unused)) < 0)
 		return ret;
+	f->pf_step = isa == KVA_ISA_AVX2 ? settled_pf_step(c) : NAN;
 	f->reps = once >= MIN_TRIAL_NS ? 1 : (unsigned)ceil(MIN_TRIAL_NS / once);
 	if (f->reps > 10000)
 		f->reps = 10000;
@@ -763,6 +782,9 @@ static int measure(const struct config *c, const struct kvcache *kc, struct batc
 			f->scatter4k_pf_distance = (double)pf_distances[d];
 		}
 	}
+	if (isa == KVA_ISA_AVX2 && settled_pf_step(c) != f->pf_step)
+		fprintf(stderr, "decode: the library's prefetch step changed during the trials "
+				"(its count of prefetches kept came late): pf_step is the first\n");
 	f->latency_ns = bench_median(lat, o->trials);
 	f->prefetch_kept = bench_median(pfk, npfk); /* NaN if none */
 	f->roofline_gbps = isa == KVA_ISA_SCALAR ? NAN : bench_median(roof, o->trials);
@@ -836,10 +858,7 @@ static int print_line(const struct config *c, const struct batch *b, const struc
 	bench_line_str(&l, "ceiling_isa", bench_readbw_isa(rb));
 	bench_line_num(&l, "latency_ns", f->latency_ns, 1);
 	bench_line_num(&l, "prefetch_kept", f->prefetch_kept, 1);
-	bench_line_num(&l, "pf_step", isa_used(isa, c->head_dim) == KVA_ISA_AVX2
-					      ? kva_decode_pf_step(c->dtype, (int32_t)c->head_dim,
-								   (int32_t)c->group)
-					      : NAN, 0);
+	bench_line_num(&l, "pf_step", f->pf_step, 0);
 	bench_line_num(&l, "roofline_gbps", f->roofline_gbps, 2);
 	if (isnan(f->roofline_gbps)) {
 		bench_line_num(&l, "bound", NAN, 0);
