@@ -351,7 +351,10 @@ static inline void kva__pf_lines(struct kva__pf *pf, int lines)
 	const char *p = pf->p;
 	int left = pf->left;
 
-	for (; lines != 0; lines--, left--) {
+	while (lines != 0) {
+		const char *end;
+		int n;
+
 		if (!left) {
 			uintptr_t r;
 			size_t len;
@@ -363,8 +366,17 @@ static inline void kva__pf_lines(struct kva__pf *pf, int lines)
 			p = (const char *)(r & ~(uintptr_t)63);
 			left = (int)((r % 64 + len + 63) / 64);
 		}
-		__builtin_prefetch(p, 0, 2);
-		p += 64;
+		/* as many of the run's lines as are asked for (at least one):
+		 * a prefetch and an add a line, the counts once a run */
+		n = lines > 0 && lines < left ? lines : left;
+		end = p + (size_t)n * 64;
+		left -= n;
+		if (lines > 0)
+			lines -= n;
+		do {
+			__builtin_prefetch(p, 0, 2);
+			p += 64;
+		} while (p != end);
 	}
 	pf->p = p;
 	pf->left = left;
