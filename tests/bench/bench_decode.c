@@ -782,7 +782,8 @@ static int measure(const struct config *c, const struct kvcache *kc, struct batc
 			f->scatter4k_pf_distance = (double)pf_distances[d];
 		}
 	}
-	if (isa == KVA_ISA_AVX2 && settled_pf_step(c) != f->pf_step)
+	if (isa == KVA_ISA_AVX2 &&
+	    kva_decode_pf_step(c->dtype, (int32_t)c->head_dim, (int32_t)c->group) != f->pf_step)
 		fprintf(stderr, "decode: the library's prefetch step changed during the trials "
 				"(its count of prefetches kept came late): pf_step is the first\n");
 	f->latency_ns = bench_median(lat, o->trials);
