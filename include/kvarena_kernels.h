@@ -141,8 +141,8 @@ const char *kva_isa_name(enum kva_isa isa);
  * return 0 at once. Thread-safe, and fork-safe: a child forked while a
  * thread of its parent probes probes again itself. Return: 1..64, the
  * same for the rest of the process once known; 0 while not known, and for
- * good where it cannot be told (no RDTSCP, memory no slower than twice the
- * cache, 16 probes that saw only spells).
+ * good where it cannot be told (no RDTSCP; 16 probes that saw only spells,
+ * or memory no slower than twice the cache).
  */
 int32_t kva_cpu_prefetch_kept(void);
 

@@ -142,8 +142,11 @@ static void cold_lines(char *buf, uint64_t *rng, const char *line[KEPT_BURST])
  * that moment, not what the core can do, so its rounds do not count. A
  * core whose prefetches are dropped for want of room still keeps its
  * misses in flight (Zen 3: 21-26). Return: the count; 0 if no round
- * counted (a spell: try again later); -1 if it can never be told (no
- * RDTSCP, memory no slower than twice the cache).
+ * counted (a spell: try again later), or if a load from memory timed
+ * under twice one from the cache (not told apart this time: one probe
+ * timed while the machine was busy elsewhere must not decide for the
+ * whole process, and a machine where they never differ pays 16 probes of
+ * about a millisecond); -1 if it can never be told (no RDTSCP).
  */
 static int32_t measure_kept(void)
 {
@@ -188,13 +191,13 @@ static int32_t measure_kept(void)
 	}
 	munmap(buf, size);
 	if (cold_t < 2 * hot_t)
-		return -1;
+		return 0;
 	return n >= KEPT_ROUNDS / 4 ? (int32_t)median(kept, n) : 0;
 }
 
 /*
  * Measured once, by one thread at a time: a probe that counted (or found
- * that it never can) is the answer for good; one that fell in a spell
+ * that it never can: no RDTSCP) is the answer for good; one that fell in a spell
  * leaves it unknown (0) for a later call to try again, 10 ms later, then
  * 20, 40 ...: spells come with memory traffic (another core's memset made
  * 2-17% of rounds spells), and a busy process may decode through one
