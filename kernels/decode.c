@@ -32,6 +32,7 @@ struct plan {
 	float *lse;
 	kva__tile_fn tile;
 	int32_t one_step;          /* struct kva__tile's */
+	bool pf_queue;             /* struct kva__tile's */
 	int32_t split_tokens, max_splits;
 	int32_t span, spans;       /* KV heads per tile, tiles per split */
 	/* per sequence: its first tile, its split length and count */
@@ -244,6 +245,7 @@ static bool tile_at(const struct plan *p, uint32_t tile, struct kva__tile *t)
 		.l = part + (size_t)p->span * p->group,
 		.acc = part + 2 * (size_t)p->span * p->group,
 		.one_step = p->one_step,
+		.pf_queue = p->pf_queue,
 	};
 	return t->t0 < t->t1;
 }
@@ -370,11 +372,17 @@ int kva_decode(const struct kva_kv_desc *kv, const struct kva_page_table *pt, co
 	p.tile = pick(o.isa, kv->head_dim, &ret);
 	if (!p.tile)
 		return ret;
-	/* the AVX2 tile's step, for this CPU unless the caller chose one */
+	/* the AVX2 tile's steps and cursor, for this CPU unless the caller
+	 * chose the step */
 	p.one_step = o.pf_step ? o.pf_step : KVA__BLOCK_TOKENS;
-	if (!o.pf_step && p.tile == kva__tile_avx2)
-		p.one_step = kva__avx2_one_step(kv->dtype, kv->head_dim, num_q_heads / kv->num_kv_heads,
-						kva_cpu_prefetch_kept());
+	if (p.tile == kva__tile_avx2) {
+		const int32_t kept = kva_cpu_prefetch_kept();
+
+		p.pf_queue = kva__pf_queues(kept);
+		if (!o.pf_step)
+			p.one_step = kva__avx2_one_step(kv->dtype, kv->head_dim,
+							num_q_heads / kv->num_kv_heads, kept);
+	}
 	threads = o.threads ? o.threads : kva_kernel_threads();
 	p.kv = kv;
 	p.pt = pt;

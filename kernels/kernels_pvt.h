@@ -53,7 +53,25 @@ struct kva__tile {
 	/* the AVX2 tile: tokens of one head's output rows between prefetch
 	 * steps (tile_avx2.c), >= 1 */
 	int32_t one_step;
+	/* the AVX2 tile, on a core that keeps a whole burst of prefetches
+	 * (kva__pf_queues): the cursor asks for a run's lines back to back
+	 * (kva__pf_lines), and the parts of two heads step every 16 tokens */
+	bool pf_queue;
 };
+
+/*
+ * A core that keeps (nearly) all of a burst of 64 prefetches to lines in
+ * no cache (kva_cpu_prefetch_kept(): Zen 4 63-64), not one that drops what
+ * it cannot start (Zen 3 21-26). The two want different cursors: a run's
+ * lines asked for in one tight loop read 1.08-1.09x as fast in L2 at group
+ * 1 on Zen 4 and 0.99-1.06 out of cache (README, twenty-first session),
+ * where on Zen 3 the same loop read 0.957-0.974 at group 1 (8-token
+ * steps) and 0.945 at group 2 out of cache (seventeenth session).
+ */
+static inline bool kva__pf_queues(int32_t kept)
+{
+	return kept >= 56;
+}
 
 /* The tile as its @i-th head sees it: a span of one. */
 static inline void kva__tile_head(const struct kva__tile *t, int32_t i, struct kva__tile *h)
@@ -250,6 +268,7 @@ struct kva__pf {
 	int j0, j1;                 /* tokens [j0, j1): rows one token stride apart */
 	size_t base;                /* bytes from the rows' table to the first
 				     * head the cursor reads (kva__pf_begin_head) */
+	bool tight;                 /* a run's lines back to back (the tile's pf_queue) */
 };
 
 /*
@@ -285,6 +304,7 @@ static inline void kva__pf_begin(struct kva__pf *pf, const struct kva__tile *t,
 	pf->p = NULL;
 	pf->left = 0;
 	pf->base = 0;
+	pf->tight = t->pf_queue;
 }
 
 /* a cursor with nothing to ask for: its steps do nothing */
@@ -366,9 +386,11 @@ static inline void kva__pf_lines(struct kva__pf *pf, int lines)
 			p = (const char *)(r & ~(uintptr_t)63);
 			left = (int)((r % 64 + len + 63) / 64);
 		}
-		/* as many of the run's lines as are asked for (at least one):
-		 * a prefetch and an add a line, the counts once a run */
-		n = lines > 0 && lines < left ? lines : left;
+		/* on a core that queues prefetches, as many of the run's lines
+		 * as are asked for (at least one): a prefetch and an add a
+		 * line, the counts once a run; else one line, the counts once
+		 * a line (kva__pf_queues) */
+		n = !pf->tight ? 1 : lines > 0 && lines < left ? lines : left;
 		end = p + (size_t)n * 64;
 		left -= n;
 		if (lines > 0)

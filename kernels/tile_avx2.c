@@ -44,6 +44,24 @@
  * (eighteenth session): the machines disagree, and 8 stays */
 #define ACC_STEP 8
 
+/* ... except in the parts of two heads (2 x 4 chunks: groups 2 and 6, ...)
+ * on a core that queues prefetches (t->pf_queue), whose 8 FMAs a token
+ * make a step's call a larger share: there 16. On Zen 4 without AVX-512,
+ * kvarena-ab paired with 8 in each order (README, twenty-first session,
+ * the cursor's lines in one loop): group 2 out of cache 1.043-1.082 (4
+ * runs), on one thread 1.085, in L2 1.041-1.060, group 6 0.999-1.016. 16
+ * in every part read group 4 1.006-1.050 and group 8 0.994-1.016 there,
+ * but group 4 0.98-0.99 on Zen 3 (seventeenth session), so 8 stays for
+ * the parts of four heads, and for every part on a core that drops
+ * prefetches (group 2 was not measured at 16 on one) */
+#define ACC_STEP_PAIRS 16
+
+/* the step of a part of @cg chunks (4: the parts of two heads) */
+static inline int acc_step(int cg, bool pf_queue)
+{
+	return cg == 4 && pf_queue ? ACC_STEP_PAIRS : ACC_STEP;
+}
+
 /*
  * ... and of one head's whole rows (accumulate_one: group 1, or a group's
  * last head), chosen per machine: t->one_step (struct kva__tile), which
@@ -321,11 +339,13 @@ AI void accumulate_body(const struct kva__tile *t, const struct kva__rows *bk, s
 	const float *sp = &s[g0][0];
 	const size_t off = hoff + (size_t)c0 * 8 * esize;
 
-	/* a prefetch step every ACC_STEP tokens: the next block's lines spread
-	 * over the output loop as over the scores */
+	const ptrdiff_t step = acc_step(CG, t->pf_queue);
+
+	/* a prefetch step every acc_step() tokens: the next block's lines
+	 * spread over the output loop as over the scores */
 	for (const char *const *cend; vp < vend;) {
 		kva__pf_step(pf);
-		cend = vend - vp > ACC_STEP ? vp + ACC_STEP : vend;
+		cend = vend - vp > step ? vp + step : vend;
 		for (; vp < cend; vp++, sp++) {
 			const char *row = *vp + off;
 
@@ -534,7 +554,7 @@ AI bool one_rows(int NC, int c0)
 	return NC - c0 > 8;
 }
 
-/* a prefetch step every ACC_STEP tokens of each part (t->one_step of one head's rows) */
+/* a prefetch step every acc_step() tokens of each part (t->one_step of one head's rows) */
 AI void accumulate(const struct kva__tile *t, const struct kva__rows *bk, size_t hoff,
 		   struct kva__pf *pf, float s[][ROW], const enum kva_dtype dt, int NC)
 {
@@ -560,7 +580,7 @@ AI void accumulate(const struct kva__tile *t, const struct kva__rows *bk, size_t
 /* the prefetch steps of one head's turn at a block of n tokens: what
  * head_block()'s scores, softmax and accumulate() take, counted the same
  * way, with one head's rows a step every @one_step tokens */
-static int head_steps(int G, int NC, int n, int one_step)
+static int head_steps(int G, int NC, int n, int one_step, bool pf_queue)
 {
 	int steps = G; /* the softmax: one a query head */
 
@@ -572,7 +592,7 @@ static int head_steps(int G, int NC, int n, int one_step)
 			if (rest == 1 && one_rows(NC, c0))
 				steps += (n + one_step - 1) / one_step;
 			else
-				steps += (n + ACC_STEP - 1) / ACC_STEP;
+				steps += (n + acc_step(cg, pf_queue) - 1) / acc_step(cg, pf_queue);
 	}
 	return steps;
 }
@@ -588,7 +608,8 @@ static int head_steps(int G, int NC, int n, int one_step)
 int kva__avx2_one_step(enum kva_dtype dt, int head_dim, int group, int kept)
 {
 	const int lines = 2 * KVA__BLOCK_TOKENS * (int)(((size_t)head_dim * kva__esize(dt) + 63) / 64 + 1);
-	const int steps = head_steps(group, head_dim / 8, KVA__BLOCK_TOKENS, ONE_STEP_LONG);
+	const int steps = head_steps(group, head_dim / 8, KVA__BLOCK_TOKENS, ONE_STEP_LONG,
+				     kva__pf_queues(kept));
 
 	return (lines + steps - 1) / steps <= kept ? ONE_STEP_LONG : ONE_STEP_SHORT;
 }
@@ -674,7 +695,7 @@ AI void tile(const struct kva__tile *t, const enum kva_dtype dt, int NC)
 
 	/* a head's turn ahead (kernels_pvt.h) */
 	kva__blocks_begin(&b, t, row_bytes,
-			  head_steps(t->group, NC, KVA__BLOCK_TOKENS, t->one_step), true);
+			  head_steps(t->group, NC, KVA__BLOCK_TOKENS, t->one_step, t->pf_queue), true);
 	for (int32_t tb = t->t0; tb < t->t1; tb += KVA__BLOCK_TOKENS) {
 		const struct kva__rows *bk = kva__blocks_next(&b, t, tb);
 

@@ -705,6 +705,34 @@ static void check_cursor(const struct cache *c, const int32_t *pages, int32_t t0
 		 * rows of the block, and no run starts before the last ended */
 		assert_int_equal(got, want);
 		assert_true(lines <= (size_t)pf.per * (size_t)steps);
+
+		/* a core that queues prefetches takes a run's lines back to
+		 * back, one that drops them a line at a time (kva__pf_queues):
+		 * the same lines, the cursor in the same place after every
+		 * step, steps of 1 to 23 lines and "all that are left" */
+		struct kva__tile tq = t;
+		struct kva__pf a, b;
+
+		tq.pf_queue = true;
+		if (one < 0) {
+			kva__pf_begin(&a, &tq, &rows, row, steps);
+			kva__pf_begin(&b, &t, &rows, row, steps);
+		} else {
+			kva__pf_begin_head(&a, &tq, &rows, one, row, steps);
+			kva__pf_begin_head(&b, &t, &rows, one, row, steps);
+		}
+		assert_true(a.tight && !b.tight);
+		for (int k = 0; a.part < 2 || a.left; k++) {
+			const int n = k % 5 == 4 ? -1 : 1 + k * 7 % 23;
+
+			kva__pf_lines(&a, n);
+			kva__pf_lines(&b, n);
+			assert_ptr_equal(a.p, b.p);
+			assert_int_equal(a.left, b.left);
+			assert_int_equal(a.part, b.part);
+			assert_int_equal(a.j, b.j);
+			assert_int_equal(a.h, b.h);
+		}
 	}
 }
 
