@@ -55,7 +55,7 @@ struct kva__tile {
 	int32_t one_step;
 	/* the AVX2 tile, on a core that keeps a whole burst of prefetches
 	 * (kva__pf_queues): the cursor asks for a run's lines back to back
-	 * (kva__pf_lines), and the parts of two heads step every 16 tokens */
+	 * (kva__pf_lines), and the multi-head parts step every 16 tokens */
 	bool pf_queue;
 };
 

@@ -37,29 +37,25 @@
 
 #define AI __attribute__((always_inline)) static inline
 
-/* tokens of a part between prefetch steps. On Zen 3, AVX2, group 4 out of
- * cache, each build in four code layouts: 16 0.98-0.99, 6 0.96, 4
- * 0.94-0.95 (README, seventeenth session). On Zen 4 without AVX-512, where
- * group 4 is bound by the core, 16 read 0.99-1.03 and group 2 1.03-1.07
- * (eighteenth session): the machines disagree, and 8 stays */
+/*
+ * Tokens of a part between prefetch steps: 8, and 16 on a core that queues
+ * prefetches (t->pf_queue, kva__pf_queues), where fewer calls of the
+ * cursor's tight loop cost the core less. On Zen 3 (it drops them), AVX2,
+ * group 4 out of cache, each build in four code layouts: 16 0.98-0.99,
+ * 6 0.96, 4 0.94-0.95 of 8 (README, seventeenth session). On Zen 4 without
+ * AVX-512, kvarena-ab paired in each order with the tight loop (README,
+ * twenty-first session): 16 in the parts of two heads read group 2 out of
+ * cache 1.043-1.082 (4 runs), on one thread 1.085, in L2 1.041-1.060,
+ * group 6 0.999-1.016; 16 in every part then read group 3 1.037-1.080,
+ * group 8 1.013-1.033, group 4 0.967-1.028 and group 5 0.978-1.022 of
+ * that (4 runs each).
+ */
 #define ACC_STEP 8
+#define ACC_STEP_QUEUED 16
 
-/* ... except in the parts of two heads (2 x 4 chunks: groups 2 and 6, ...)
- * on a core that queues prefetches (t->pf_queue), whose 8 FMAs a token
- * make a step's call a larger share: there 16. On Zen 4 without AVX-512,
- * kvarena-ab paired with 8 in each order (README, twenty-first session,
- * the cursor's lines in one loop): group 2 out of cache 1.043-1.082 (4
- * runs), on one thread 1.085, in L2 1.041-1.060, group 6 0.999-1.016. 16
- * in every part read group 4 1.006-1.050 and group 8 0.994-1.016 there,
- * but group 4 0.98-0.99 on Zen 3 (seventeenth session), so 8 stays for
- * the parts of four heads, and for every part on a core that drops
- * prefetches (group 2 was not measured at 16 on one) */
-#define ACC_STEP_PAIRS 16
-
-/* the step of a part of @cg chunks (4: the parts of two heads) */
-static inline int acc_step(int cg, bool pf_queue)
+static inline int acc_step(bool pf_queue)
 {
-	return cg == 4 && pf_queue ? ACC_STEP_PAIRS : ACC_STEP;
+	return pf_queue ? ACC_STEP_QUEUED : ACC_STEP;
 }
 
 /*
@@ -339,7 +335,7 @@ AI void accumulate_body(const struct kva__tile *t, const struct kva__rows *bk, s
 	const float *sp = &s[g0][0];
 	const size_t off = hoff + (size_t)c0 * 8 * esize;
 
-	const ptrdiff_t step = acc_step(CG, t->pf_queue);
+	const ptrdiff_t step = acc_step(t->pf_queue);
 
 	/* a prefetch step every acc_step() tokens: the next block's lines
 	 * spread over the output loop as over the scores */
@@ -592,7 +588,7 @@ static int head_steps(int G, int NC, int n, int one_step, bool pf_queue)
 			if (rest == 1 && one_rows(NC, c0))
 				steps += (n + one_step - 1) / one_step;
 			else
-				steps += (n + acc_step(cg, pf_queue) - 1) / acc_step(cg, pf_queue);
+				steps += (n + acc_step(pf_queue) - 1) / acc_step(pf_queue);
 	}
 	return steps;
 }
