@@ -132,7 +132,7 @@ const char *kva_isa_name(enum kva_isa isa);
  * a core that queues what it cannot start keeps them all, one that drops
  * the rest about as many as it has misses in flight (measured: Zen 4 63-64,
  * Zen 3 21-26). Measured at the first call, on the calling thread (the
- * first kva_decode on the AVX2 path with pf_step 0 makes it): bursts to a
+ * first kva_decode on the AVX2 path makes it): bursts to a
  * MiB of fresh memory, each line timed 5 us later, the median of 16 rounds,
  * about a millisecond. Rounds in which the core kept next to none do not
  * count (a host's spell, see the README); a probe that saw only those

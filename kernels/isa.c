@@ -1,7 +1,8 @@
 /* SPDX-License-Identifier: MIT */
 /*
  * isa.c - which vector paths this CPU can run, decided at run time, and how
- * many software prefetches its core keeps in flight (the AVX2 tile's step).
+ * many software prefetches its core keeps in flight (the AVX2 tile's steps
+ * and its cursor's pace).
  */
 #include <cpuid.h>
 #include <pthread.h>
@@ -197,8 +198,8 @@ static int32_t measure_kept(void)
 
 /*
  * Measured once, by one thread at a time: a probe that counted (or found
- * that it never can: no RDTSCP) is the answer for good; one that fell in a spell
- * leaves it unknown (0) for a later call to try again, 10 ms later, then
+ * that it never can: no RDTSCP) is the answer for good; one that fell in a
+ * spell leaves it unknown (0) for a later call to try again, 10 ms later, then
  * 20, 40 ...: spells come with memory traffic (another core's memset made
  * 2-17% of rounds spells), and a busy process may decode through one
  * probe after another. KEPT_PROBES in all (the last some five minutes
