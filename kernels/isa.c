@@ -212,24 +212,28 @@ static int32_t measure_kept(void)
  * A process forked while one of its threads probes has the flag set and
  * no thread to clear it: its child would never probe, and would decode
  * with the short step for good. So the child clears it (pthread_atfork,
- * registered by the first call that finds the count unknown: a child of a
- * process that never asked inherits the flag clear anyway). The forking
- * thread is the child's only one, and it is not inside a probe: the
- * child's first call probes afresh, with the count, the probes made and
- * the next probe's time as the parent had them when it forked.
+ * registered when the library is loaded, before any thread of it can set
+ * the flag). The forking thread is the child's only one, and it is not
+ * inside a probe: the child's first call probes afresh, with the count,
+ * the probes made and the next probe's time as the parent had them when
+ * it forked. Not registered through pthread_once at the first call, as it
+ * first was: a fork while another thread ran that once leaves the once "in
+ * progress" for good in a child where ThreadSanitizer's pthread_once (an
+ * atomic 0/1/2 its waiters spin on; glibc's starts it again in a child)
+ * stands in, which is the likely cause of the one hang of test_kernels's
+ * fork test in scripts/test.sh's TSan run.
  */
 static _Atomic int32_t kept_known = -1; /* -1 not known yet */
 static atomic_flag kept_busy = ATOMIC_FLAG_INIT;
 static int kept_probes;
 static uint64_t kept_next_ns; /* the next probe not before */
-static pthread_once_t kept_once = PTHREAD_ONCE_INIT;
 
 static void kept_child(void)
 {
 	atomic_flag_clear_explicit(&kept_busy, memory_order_relaxed);
 }
 
-static void kept_atfork(void)
+__attribute__((constructor)) static void kept_atfork(void)
 {
 	/* ENOMEM leaves a child forked mid-probe with the short step: a
 	 * slower decode, the same results */
@@ -243,7 +247,6 @@ int32_t kva_cpu_prefetch_kept(void)
 
 	if (v >= 0)
 		return v;
-	pthread_once(&kept_once, kept_atfork);
 	if (atomic_flag_test_and_set_explicit(&kept_busy, memory_order_acquire))
 		return 0; /* another thread is measuring */
 	v = atomic_load_explicit(&kept_known, memory_order_relaxed);
