@@ -220,6 +220,12 @@ int main(int argc, char **argv)
 		 (double)info->layout.data_bytes / (1 << 20),
 		 info->hugetlb ? " on huge pages" : c.hugepages ? " (no huge pages free: ordinary pages)" : "",
 		 info->max_workers, info->cache_blocks);
+	if (info->backend == KVA_BACKEND_HOST && !info->hugetlb) {
+		char pages[512];
+
+		kva__arena_pages(a, pages, sizeof(pages));
+		log_info("data %s", pages);
+	}
 	log_info("prefix cache: index of %llu entries, eviction policy %s, %s%u blocks at most",
 		 (unsigned long long)info->index_entries, kva_evict_policy_name(c.evict_policy),
 		 c.cache_limit ? "" : "no limit: ", c.cache_limit ? c.cache_limit : info->blocks);

@@ -392,6 +392,10 @@ static int open_arena(int meta_fd, int data_fd, unsigned flags, bool device,
 			kva__err(ret, "mapping the data region: %s", strerror(-ret));
 			goto fail;
 		}
+		/* 2 MiB pages where the system gives them (a hint, in every
+		 * process that maps the data: region.c says why) */
+		if (!(a->hdr.flags & KVA__HDR_HUGETLB))
+			(void)kva__region_advise_huge(p, data_size);
 		a->data = p;
 		a->data_map_bytes = data_size;
 	}
@@ -476,6 +480,42 @@ int kva__arena_prefault(struct kva_arena *a)
 			__atomic_fetch_add((uint8_t *)r[k].p + off, 0, __ATOMIC_RELAXED);
 	}
 	return 0;
+}
+
+/*
+ * kva__arena_pages - what pages a host arena's data is on, as a phrase for
+ * the agent's log: hugetlb pages, how much of it 2 MiB transparent huge
+ * pages map in this process (what has been touched: all of it after a
+ * prefault), or why it is on 4 KiB pages. "" for device memory.
+ */
+void kva__arena_pages(const struct kva_arena *a, char *buf, size_t len)
+{
+	char thp[32];
+	int64_t huge;
+
+	if (a->dev || !a->data) {
+		snprintf(buf, len, "%s", "");
+		return;
+	}
+	if (a->hdr.flags & KVA__HDR_HUGETLB) {
+		snprintf(buf, len, "on 2 MiB hugetlb pages");
+		return;
+	}
+	kva__thp_shmem(thp, sizeof(thp));
+	huge = kva__region_huge_bytes(a->data);
+	if (!strcmp(thp, "never") || !strcmp(thp, "deny") || !thp[0])
+		snprintf(buf, len, "on 4 KiB pages (transparent huge pages for shmem are %s%s%s: "
+			 "--hugepages, or \"advise\" in /sys/kernel/mm/transparent_hugepage/"
+			 "shmem_enabled, puts it on 2 MiB pages, a page walk every 2 MiB the "
+			 "decode reads instead of every 4 KiB)",
+			 thp[0] ? "\"" : "", thp[0] ? thp : "not in this kernel", thp[0] ? "\"" : "");
+	else if (huge >= 0)
+		snprintf(buf, len, "%.1f of %.1f MiB on 2 MiB transparent huge pages so far "
+			 "(shmem_enabled \"%s\"; pages are made as they are first touched)",
+			 (double)huge / (1 << 20), (double)a->data_map_bytes / (1 << 20), thp);
+	else
+		snprintf(buf, len, "on transparent huge pages where the kernel gives them "
+			 "(shmem_enabled \"%s\")", thp);
 }
 
 const struct kva_arena_info *kva_arena_info(const struct kva_arena *a)

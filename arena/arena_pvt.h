@@ -808,6 +808,9 @@ int kva__region_seals_ok(int fd);
 int kva__region_size(int fd, uint64_t *bytes);
 int kva__region_map(int fd, uint64_t bytes, bool readonly, void **addr);
 int kva__region_bind_node(void *addr, uint64_t bytes, int node);
+int kva__region_advise_huge(void *addr, uint64_t bytes);
+int64_t kva__region_huge_bytes(const void *addr);
+void kva__thp_shmem(char *out, size_t len);
 int kva__pid_start_time(pid_t pid, uint64_t *start_time, char *state);
 bool kva__pid_gone(pid_t pid, uint64_t start);
 /* the liveness of slot state word @st, whose start word is @start */
@@ -1029,6 +1032,7 @@ int kva__block_copy(struct kva_arena *a, uint32_t to, uint32_t from);
 
 /* arena.c */
 int kva__arena_prefault(struct kva_arena *a);
+void kva__arena_pages(const struct kva_arena *a, char *buf, size_t len);
 /* a GPU arena's metadata alone (its worker imports the data next, and
  * gives it with kva__arena_set_dev); -EPROTO if the arena is not a GPU's */
 struct kva__dev;

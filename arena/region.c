@@ -136,6 +136,106 @@ int kva__region_map(int fd, uint64_t bytes, bool readonly, void **addr)
 }
 
 /*
+ * kva__region_advise_huge - ask for transparent huge pages under the shared
+ * mapping [@addr, @addr + @bytes) of a memfd (shmem): MADV_HUGEPAGE. A
+ * hint: whether the kernel gives 2 MiB pages is the system's choice
+ * (/sys/kernel/mm/transparent_hugepage/shmem_enabled: "advise", "always"
+ * and "within_size" give them, "never" and "deny" not). It marks this
+ * process's mapping only, so every process that maps the data asks: in
+ * "advise" a page is allocated huge where the first touch's mapping asked,
+ * and a mapping maps an existing huge page whole (one TLB entry, one page
+ * walk for 2 MiB) only if it asked too. A decode's tile reads one KV
+ * head's 4 KiB run of each page, so on 4 KiB pages every run is a page
+ * walk of its own. -errno if the kernel refused the hint (no THP).
+ */
+int kva__region_advise_huge(void *addr, uint64_t bytes)
+{
+	return madvise(addr, bytes, MADV_HUGEPAGE) < 0 ? -errno : 0;
+}
+
+/*
+ * kva__region_huge_bytes - bytes of the mapping that starts at @addr that
+ * 2 MiB pages map in this process (the ShmemPmdMapped, FilePmdMapped and
+ * AnonHugePages of its entry in /proc/self/smaps); -errno if smaps cannot be
+ * read, -ENOENT if no mapping starts at @addr.
+ */
+int64_t kva__region_huge_bytes(const void *addr)
+{
+	static const char *const keys[] = { "ShmemPmdMapped:", "FilePmdMapped:", "AnonHugePages:" };
+	FILE *f = fopen("/proc/self/smaps", "re");
+	char line[512];
+	bool in = false, found = false;
+	int64_t kb = 0;
+
+	if (!f)
+		return -errno;
+	while (fgets(line, sizeof(line), f)) {
+		unsigned long lo, hi;
+		char c;
+
+		/* an entry's first line is "lo-hi perms offset dev inode path" (the
+		 * path of a memfd is "/memfd:NAME (deleted)"); the others are
+		 * "Key: value", and no key is hex digits and a '-' */
+		if (sscanf(line, "%lx-%lx %c", &lo, &hi, &c) == 3) {
+			in = lo == (unsigned long)(uintptr_t)addr;
+			found |= in;
+			continue;
+		}
+		if (in)
+			for (size_t k = 0; k < sizeof(keys) / sizeof(keys[0]); k++) {
+				size_t n = strlen(keys[k]);
+				unsigned long long v;
+
+				if (!strncmp(line, keys[k], n) && sscanf(line + n, "%llu", &v) == 1)
+					kb += (int64_t)v;
+			}
+	}
+	fclose(f);
+	return found ? kb * 1024 : -ENOENT;
+}
+
+/* the bracketed word of a sysfs choice file ("always [advise] never") into
+ * @out; false if there is none */
+static bool sysfs_choice(const char *path, char *out, size_t len)
+{
+	char buf[256], *l, *r;
+	FILE *f = fopen(path, "re");
+	bool ok = false;
+
+	if (!f)
+		return false;
+	if (fgets(buf, sizeof(buf), f) && (l = strchr(buf, '[')) && (r = strchr(l, ']')) &&
+	    (size_t)(r - l) <= len) {
+		*r = '\0';
+		snprintf(out, len, "%s", l + 1);
+		ok = true;
+	}
+	fclose(f);
+	return ok;
+}
+
+/*
+ * kva__thp_shmem - the system's choice for transparent huge pages under
+ * shmem (a memfd) into @out: "never", "advise", "always", ... ("" if the
+ * kernel has none). The 2 MiB size's own choice where it has one other
+ * than "inherit" (kernels with multi-size THP), else the global one.
+ */
+void kva__thp_shmem(char *out, size_t len)
+{
+	static const char dir[] = "/sys/kernel/mm/transparent_hugepage/";
+	char path[128];
+
+	if (len)
+		out[0] = '\0';
+	snprintf(path, sizeof(path), "%shugepages-2048kB/shmem_enabled", dir);
+	if (sysfs_choice(path, out, len) && strcmp(out, "inherit"))
+		return;
+	snprintf(path, sizeof(path), "%sshmem_enabled", dir);
+	if (!sysfs_choice(path, out, len) && len)
+		out[0] = '\0';
+}
+
+/*
  * kva__region_bind_node - place the pages of a shared mapping on NUMA node
  * @node. For memfd (shmem and hugetlbfs) the policy is kept by the file, so
  * it holds for every process that maps it later. Must run before the first

@@ -7,8 +7,12 @@
 #include <setjmp.h>
 #include <stdarg.h>
 #include <stddef.h>
+#include <stdint.h>
+#include <stdio.h>
 #include <stdlib.h>
 #include <string.h>
+#include <sys/wait.h>
+#include <unistd.h>
 
 #include <cmocka.h>
 
@@ -250,6 +254,131 @@ static void test_create_binds_numa_node_zero_and_asks_for_huge_pages(void **stat
 	kva_arena_close(a);
 }
 
+/*
+ * The VmFlags of the mapping of this process that holds @p ("hg": it asked
+ * for transparent huge pages) into @flags, and the bytes 2 MiB pages map of
+ * it (ShmemPmdMapped). false if no mapping holds @p.
+ */
+static bool mapping_of(const void *p, char *flags, size_t len, uint64_t *huge)
+{
+	FILE *f = fopen("/proc/self/smaps", "re");
+	char line[512];
+	bool in = false, found = false;
+
+	*huge = 0;
+	flags[0] = '\0';
+	assert_non_null(f);
+	while (fgets(line, sizeof(line), f)) {
+		unsigned long lo, hi, kb;
+		char c;
+
+		if (sscanf(line, "%lx-%lx %c", &lo, &hi, &c) == 3) {
+			in = (uintptr_t)p >= lo && (uintptr_t)p < hi;
+			found |= in;
+		} else if (in && sscanf(line, "ShmemPmdMapped: %lu kB", &kb) == 1) {
+			*huge = (uint64_t)kb << 10;
+		} else if (in && !strncmp(line, "VmFlags:", 8)) {
+			snprintf(flags, len, "%.*s", (int)(len - 1), line + 8);
+		}
+	}
+	fclose(f);
+	return found;
+}
+
+/* the system's choice for shmem's transparent huge pages ("" if none) */
+static void thp_shmem(char *out, size_t len)
+{
+	static const char *const files[] = {
+		"/sys/kernel/mm/transparent_hugepage/hugepages-2048kB/shmem_enabled",
+		"/sys/kernel/mm/transparent_hugepage/shmem_enabled",
+	};
+
+	out[0] = '\0';
+	for (int i = 0; i < 2; i++) {
+		char buf[256], *l, *r;
+		FILE *f = fopen(files[i], "re");
+
+		if (!f)
+			continue;
+		if (fgets(buf, sizeof(buf), f) && (l = strchr(buf, '[')) && (r = strchr(l, ']'))) {
+			*r = '\0';
+			snprintf(out, len, "%s", l + 1);
+		}
+		fclose(f);
+		if (out[0] && strcmp(out, "inherit"))
+			return;
+	}
+}
+
+/*
+ * A host arena's data asks for transparent huge pages in every process that
+ * maps it, the agent's and a worker's in another process (the kernel makes
+ * a page huge where the mapping that first touches it asked, and maps it
+ * whole only where the mapping asked too). Where the system gives shmem
+ * huge pages to those who ask ("advise", "always", "within_size", "force"),
+ * the worker's touched blocks are mapped by 2 MiB pages; where it does not
+ * ("never", the default), only the asking is checked; a kernel without
+ * transparent huge pages (no /sys/kernel/mm/transparent_hugepage) has no
+ * flag to show.
+ */
+static void test_data_asks_for_transparent_huge_pages_in_every_process(void **state)
+{
+	struct kva_geometry g = tu_geometry();
+	struct kva_arena_opts o = { .blocks = 1024, .numa_node = -1 }; /* 16 MiB */
+	struct kva_arena *a;
+	char flags[512], thp[32];
+	uint64_t huge;
+	bool gives;
+	pid_t pid;
+	int st;
+
+	(void)state;
+	thp_shmem(thp, sizeof(thp));
+	gives = !strcmp(thp, "advise") || !strcmp(thp, "always") || !strcmp(thp, "within_size") ||
+		!strcmp(thp, "force");
+	print_message("shmem transparent huge pages: \"%s\"\n", thp);
+	assert_int_equal(kva_arena_create(&g, &o, &a), 0);
+	assert_false(kva_arena_info(a)->hugetlb);
+	pid = fork();
+	assert_true(pid >= 0);
+	if (pid == 0) {
+		struct kva_arena *b;
+		struct kva_worker *w;
+		uint32_t ids[256];
+		int code = 0;
+
+		if (kva_arena_open(kva_arena_meta_fd(a), kva_arena_data_fd(a), &b) < 0 ||
+		    kva_worker_join(b, "thp", &w) < 0 || kva_alloc(w, 256, ids) < 0)
+			_exit(10);
+		for (int i = 0; i < 256; i++) /* 4 MiB: at least one whole 2 MiB page */
+			memset(kva_block_data(w, ids[i]), i, kva_arena_info(b)->layout.block_bytes);
+		if (!mapping_of(kva_block_data(w, ids[0]), flags, sizeof(flags), &huge))
+			code = 11;
+		else if (thp[0] && !strstr(flags, " hg"))
+			code = 12; /* the worker's mapping did not ask (a kernel
+				    * without THP has nothing to ask: thp "") */
+		else if (gives && huge < (2u << 20))
+			code = 13; /* asked, and the system gives them, but none */
+		kva_worker_leave(w);
+		kva_arena_close(b);
+		_exit(code);
+	}
+	assert_int_equal(waitpid(pid, &st, 0), pid);
+	assert_true(WIFEXITED(st));
+	assert_int_equal(WEXITSTATUS(st), 0);
+	{ /* the creator's own mapping asked too, and sees the worker's writes */
+		struct kva_worker *w;
+		uint32_t id;
+
+		assert_int_equal(kva_worker_join(a, "creator", &w), 0);
+		assert_int_equal(kva_alloc(w, 1, &id), 0);
+		assert_true(mapping_of(kva_block_data(w, id), flags, sizeof(flags), &huge));
+		assert_true(!thp[0] || strstr(flags, " hg"));
+		kva_worker_leave(w);
+	}
+	kva_arena_close(a);
+}
+
 static void test_default_cache_scales_with_the_arena(void **state)
 {
 	struct kva_geometry g = tu_geometry();
@@ -287,6 +416,7 @@ int main(void)
 		cmocka_unit_test(test_dtype_names_round_trip),
 		cmocka_unit_test(test_create_refuses_bad_options),
 		cmocka_unit_test(test_create_binds_numa_node_zero_and_asks_for_huge_pages),
+		cmocka_unit_test(test_data_asks_for_transparent_huge_pages_in_every_process),
 		cmocka_unit_test(test_default_cache_scales_with_the_arena),
 	};
 
