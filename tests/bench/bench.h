@@ -15,6 +15,7 @@
 #include <stdbool.h>
 #include <stddef.h>
 #include <stdint.h>
+#include <stdio.h>
 #include <string.h>
 #include <sys/types.h>
 #include <time.h>
@@ -229,6 +230,43 @@ void bench_line_str(struct bench_line *l, const char *key, const char *v);
  * short, at a whole character or escape, past 511 bytes escaped */
 void bench_line_text(struct bench_line *l, const char *key, const char *v);
 void bench_line_bool(struct bench_line *l, const char *key, bool v);
+/*
+ * bench_huge_bytes - bytes of the mapping that holds @p that 2 MiB pages map
+ * in this process: its AnonHugePages, ShmemPmdMapped and FilePmdMapped in
+ * /proc/self/smaps (a hugetlb mapping counts none: its caller knows). 0 if
+ * no mapping holds @p or smaps cannot be read.
+ */
+static inline uint64_t bench_huge_bytes(const void *p)
+{
+	static const char *const keys[] = { "AnonHugePages:", "ShmemPmdMapped:", "FilePmdMapped:" };
+	FILE *f = fopen("/proc/self/smaps", "re");
+	char line[512];
+	bool in = false;
+	uint64_t kb = 0;
+
+	if (!f)
+		return 0;
+	while (fgets(line, sizeof(line), f)) {
+		unsigned long lo, hi;
+		char c;
+
+		/* an entry's first line is "lo-hi perms ...", the others "Key: value" */
+		if (sscanf(line, "%lx-%lx %c", &lo, &hi, &c) == 3) {
+			in = (uintptr_t)p >= lo && (uintptr_t)p < hi;
+			continue;
+		}
+		for (size_t k = 0; in && k < sizeof(keys) / sizeof(keys[0]); k++) {
+			size_t n = strlen(keys[k]);
+			unsigned long long v;
+
+			if (!strncmp(line, keys[k], n) && sscanf(line + n, "%llu", &v) == 1)
+				kb += v;
+		}
+	}
+	fclose(f);
+	return kb << 10;
+}
+
 /*
  * bench_json_escape - @s as the inside of a JSON string: '"' and '\'
  * escaped, control characters as \n, \t or \u00XX, in @out (@len bytes,

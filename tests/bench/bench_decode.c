@@ -44,6 +44,11 @@
  *                      blocks are scattered (--arena-mib)
  *   hugetlb            true when that region is on 2 MiB huge pages
  *                      (--hugepages, and the hugetlb pool had them)
+ *   huge_bytes         of that region, the bytes 2 MiB pages map in this
+ *                      process once the batch is written: all of it with
+ *                      hugetlb, else what transparent huge pages gave (the
+ *                      library asks for them; the system's shmem_enabled
+ *                      decides)
  *   ms                 median time of one kva_decode call
  *   gbps               bytes / ms, in 1e9 bytes per second
  *   ceiling_gbps       the contiguous read sweep of `bytes` with `threads`
@@ -387,6 +392,7 @@ struct batch {
 	float *q, *out, *ref, *scores;
 	uint32_t q_heads;
 	size_t bytes;            /* K, V and scales one call reads */
+	uint64_t huge_bytes;     /* of the arena's data, what 2 MiB pages map here */
 };
 
 static void batch_free(struct batch *b)
@@ -449,6 +455,7 @@ static int batch_make(const struct config *c, const struct kvcache *kc, uint64_t
 	b->pt = (struct kva_page_table){ (int32_t)c->batch, PAGE_TOKENS, b->indptr, b->indices,
 					 b->last };
 	b->bytes = bytes_read(c);
+	b->huge_bytes = bench_huge_bytes(kc->kv.k);
 	return 0;
 }
 
@@ -847,6 +854,8 @@ static int print_line(const struct config *c, const struct batch *b, const struc
 	bench_line_num(&l, "bytes", (double)b->bytes, 0);
 	bench_line_num(&l, "arena_bytes", (double)arena->layout.data_bytes, 0);
 	bench_line_bool(&l, "hugetlb", arena->hugetlb);
+	bench_line_num(&l, "huge_bytes",
+		       arena->hugetlb ? (double)arena->data_map_bytes : (double)b->huge_bytes, 0);
 	bench_line_num(&l, "ms", f->ms, 4);
 	bench_line_num(&l, "gbps", f->gbps, 2);
 	bench_line_num(&l, "ceiling_gbps", f->ceiling_gbps, 2);

@@ -25,13 +25,21 @@
  * work, with no memory to wait for (the prefetches still issue, to lines
  * already there). With --hugepages the cache is on 2 MiB huge pages
  * (MAP_HUGETLB, from the system's pool), as `kvarena-agent --hugepages`
- * puts an arena.
+ * puts an arena. --memory says what other memory the cache is: private
+ * anonymous memory (the default), or a memfd shared as an arena's data is,
+ * on 4 KiB pages (shmem) or on transparent huge pages (thp: MADV_HUGEPAGE,
+ * as the library maps an arena's data; the system's shmem_enabled decides).
+ * With two kinds and one build, the rounds compare the kinds: two caches of
+ * the same contents and page table, the build's speed on the second against
+ * the first.
  *
  * Output: one JSON object per build on stdout:
  *   lib          the path
  *   isa          the path asked for (--isa; "auto" is each build's best)
  *   batch, context, kv_heads, head_dim, group, threads, rounds, one_page,
  *   hugepages, pf_step   as run (pf_step 0: the build picks it)
+ *   memory       the cache's memory: private, hugetlb, shmem or thp
+ *   huge_bytes   of the cache, bytes mapped by 2 MiB pages (smaps)
  *   gbps         K and V bytes per second, the median round
  *   gbps_min, gbps_max   the slowest and the fastest round
  *   speed        the median of (first build's round time / this build's)
@@ -45,10 +53,13 @@
 #include <getopt.h>
 #include <limits.h>
 #include <math.h>
+#include <inttypes.h>
+#include <stdint.h>
 #include <stdio.h>
 #include <stdlib.h>
 #include <string.h>
 #include <sys/mman.h>
+#include <unistd.h>
 
 #include "kvarena.h"
 /* the clock and the generator (inline in bench.h); not bench.c, whose
@@ -60,6 +71,9 @@
 _Static_assert(sizeof(void *) == sizeof(void (*)(void)), "function pointers are not void *");
 #define MAX_ROUNDS 999
 #define HUGE_BYTES ((size_t)2 << 20)
+
+enum ab_mem { MEM_PRIVATE, MEM_HUGETLB, MEM_SHMEM, MEM_THP };
+static const char *const mem_names[] = { "private", "hugetlb", "shmem", "thp" };
 
 typedef int (*decode_fn)(const struct kva_kv_desc *kv, const struct kva_page_table *pt,
 			 const void *q, enum kva_dtype q_dtype, int32_t num_q_heads, float sm_scale,
@@ -73,6 +87,8 @@ struct ab_opts {
 	bool one_page, hugepages;
 	int pf_step[MAX_LIBS]; /* struct kva_decode_opts's, each build's */
 	int n_pf_steps;        /* how many --pf-step gave */
+	enum ab_mem mem[2];    /* the cache's memory; a second kind to compare */
+	int n_mems;
 };
 
 static int cmp_double(const void *a, const void *b)
@@ -99,6 +115,11 @@ static void usage(FILE *f)
 		"  --one-page     every page of every sequence is one page (in L1 at\n"
 		"                 --kv-heads 1): the tile's own cost, without memory\n"
 		"  --hugepages    the cache on 2 MiB huge pages (needs vm.nr_hugepages)\n"
+		"  --memory A[,B] the cache's memory: private (default), hugetlb (as\n"
+		"                 --hugepages), shmem (a memfd, as an arena's data, on\n"
+		"                 4 KiB pages), thp (the same with MADV_HUGEPAGE, as the\n"
+		"                 library maps an arena's data). Two kinds and one build:\n"
+		"                 the build on the second against the first\n"
 		"  --isa NAME     avx2 (default), avx512, scalar, auto\n"
 		"  --rounds N     rounds, 1..%d (default 30)\n"
 		"  --pf-step A,B,...  kva_decode_opts.pf_step of each build in turn (the\n"
@@ -119,7 +140,8 @@ static int parse(int argc, char **argv, struct ab_opts *o)
 		{ "pages", required_argument, 0, 'p' },	 { "isa", required_argument, 0, 'i' },
 		{ "rounds", required_argument, 0, 'r' },	 { "help", no_argument, 0, 'h' },
 		{ "one-page", no_argument, 0, '1' },	 { "hugepages", no_argument, 0, 'H' },
-		{ "pf-step", required_argument, 0, 's' }, { 0, 0, 0, 0 }
+		{ "pf-step", required_argument, 0, 's' }, { "memory", required_argument, 0, 'm' },
+		{ 0, 0, 0, 0 }
 	};
 	int c;
 
@@ -138,6 +160,21 @@ static int parse(int argc, char **argv, struct ab_opts *o)
 		case 'r': o->rounds = atoi(optarg); break;
 		case '1': o->one_page = true; break;
 		case 'H': o->hugepages = true; break;
+		case 'm':
+			o->n_mems = 0;
+			for (char *p = strtok(optarg, ","); p; p = strtok(NULL, ",")) {
+				int k = 0;
+
+				while (k < 4 && strcmp(p, mem_names[k]))
+					k++;
+				if (k == 4 || o->n_mems == 2) {
+					fprintf(stderr, "kvarena-ab: --memory: one or two of private, "
+							"hugetlb, shmem, thp\n");
+					return -EINVAL;
+				}
+				o->mem[o->n_mems++] = (enum ab_mem)k;
+			}
+			break;
 		case 's':
 			for (char *p = optarg, *end;; p = end + 1) {
 				long v = strtol(p, &end, 10);
@@ -182,6 +219,19 @@ static int parse(int argc, char **argv, struct ab_opts *o)
 		fprintf(stderr, "kvarena-ab: --pf-step: one value, or one for each build\n");
 		return -EINVAL;
 	}
+	if (o->n_mems == 2 && argc - optind != 1) {
+		fprintf(stderr, "kvarena-ab: --memory with two kinds compares them for one build\n");
+		return -EINVAL;
+	}
+	if (o->hugepages) {
+		if (o->n_mems) {
+			fprintf(stderr, "kvarena-ab: --hugepages is --memory hugetlb: give one\n");
+			return -EINVAL;
+		}
+		o->mem[0] = MEM_HUGETLB;
+	}
+	if (!o->n_mems)
+		o->n_mems = 1;
 	for (int i = o->n_pf_steps; i < MAX_LIBS; i++) /* one value is everyone's */
 		o->pf_step[i] = o->n_pf_steps ? o->pf_step[0] : 0;
 	return 0;
@@ -190,7 +240,7 @@ static int parse(int argc, char **argv, struct ab_opts *o)
 /* the cache, its page table, q and each build's output: this program's, the
  * same for every build */
 struct ab_data {
-	uint16_t *cache;
+	uint16_t *cache[2]; /* one for each --memory kind */
 	size_t cache_bytes;
 	int32_t *pages, *indptr, *last;
 	float *q, *out[MAX_LIBS];
@@ -198,8 +248,9 @@ struct ab_data {
 
 static void data_free(struct ab_data *d)
 {
-	if (d->cache && d->cache != MAP_FAILED)
-		munmap(d->cache, d->cache_bytes);
+	for (int k = 0; k < 2; k++)
+		if (d->cache[k])
+			munmap(d->cache[k], d->cache_bytes);
 	free(d->pages);
 	free(d->indptr);
 	free(d->last);
@@ -214,9 +265,47 @@ static int oom(void)
 	return -ENOMEM;
 }
 
+/*
+ * @bytes of @kind for the cache. Huge pages are reserved at the mmap (no
+ * MAP_NORESERVE): a pool too small fails here, not with SIGBUS at a page's
+ * first touch. shmem and thp are a memfd mapped shared, as an arena's data
+ * (thp with MADV_HUGEPAGE, as arena/region.c maps it).
+ */
+static void *cache_map(enum ab_mem kind, size_t bytes)
+{
+	void *p;
+	int fd;
+
+	if (kind == MEM_PRIVATE || kind == MEM_HUGETLB) {
+		p = mmap(NULL, bytes, PROT_READ | PROT_WRITE,
+			 MAP_PRIVATE | MAP_ANONYMOUS | (kind == MEM_HUGETLB ? MAP_HUGETLB : MAP_NORESERVE),
+			 -1, 0);
+		if (p == MAP_FAILED && kind == MEM_HUGETLB)
+			fprintf(stderr, "kvarena-ab: %zu MiB of huge pages: %s (vm.nr_hugepages: %zu "
+					"free ones are needed)\n",
+				bytes >> 20, strerror(errno), bytes / HUGE_BYTES);
+		return p == MAP_FAILED ? NULL : p;
+	}
+	fd = memfd_create("kvarena-ab", MFD_CLOEXEC);
+	if (fd < 0 || ftruncate(fd, (off_t)bytes) < 0) {
+		fprintf(stderr, "kvarena-ab: a memfd of %zu MiB: %s\n", bytes >> 20, strerror(errno));
+		if (fd >= 0)
+			close(fd);
+		return NULL;
+	}
+	p = mmap(NULL, bytes, PROT_READ | PROT_WRITE, MAP_SHARED, fd, 0);
+	close(fd);
+	if (p == MAP_FAILED)
+		return NULL;
+	if (kind == MEM_THP && madvise(p, bytes, MADV_HUGEPAGE) < 0)
+		fprintf(stderr, "kvarena-ab: MADV_HUGEPAGE: %s\n", strerror(errno));
+	return p;
+}
+
 /* the sequences' pages: a random choice of distinct pages of the cache (or
  * one page, the first choice, again and again), each filled with f16 values
- * of magnitude [0.25, 0.5) and a random sign */
+ * of magnitude [0.25, 0.5) and a random sign; a second cache (a second
+ * --memory kind) a copy of the first */
 static int data_make(const struct ab_opts *o, int nl, struct ab_data *d)
 {
 	const int P = 16, per_seq = (o->context + P - 1) / P;
@@ -225,28 +314,16 @@ static int data_make(const struct ab_opts *o, int nl, struct ab_data *d)
 	const size_t qn = (size_t)o->batch * o->kv_heads * o->group * o->head_dim;
 	uint64_t seed = 0x6b766162ull;
 
-	d->cache_bytes = (size_t)o->pages * page_elems * 2;
-	if (o->hugepages) /* a whole number of huge pages */
-		d->cache_bytes = (d->cache_bytes + HUGE_BYTES - 1) & ~(HUGE_BYTES - 1);
-	/* huge pages reserved at the mmap (no MAP_NORESERVE): a pool too small
-	 * fails here, not with SIGBUS at a page's first touch */
-	d->cache = mmap(NULL, d->cache_bytes, PROT_READ | PROT_WRITE,
-			MAP_PRIVATE | MAP_ANONYMOUS |
-				(o->hugepages ? MAP_HUGETLB : MAP_NORESERVE),
-			-1, 0);
-	if (d->cache == MAP_FAILED && o->hugepages) {
-		int err = errno;
-
-		fprintf(stderr, "kvarena-ab: %zu MiB of huge pages: %s (vm.nr_hugepages: %zu "
-				"free ones are needed)\n",
-			d->cache_bytes >> 20, strerror(err), d->cache_bytes / HUGE_BYTES);
-		return -err;
-	}
+	/* a whole number of huge pages */
+	d->cache_bytes = ((size_t)o->pages * page_elems * 2 + HUGE_BYTES - 1) & ~(HUGE_BYTES - 1);
+	for (int k = 0; k < o->n_mems; k++)
+		if (!(d->cache[k] = cache_map(o->mem[k], d->cache_bytes)))
+			return -ENOMEM;
 	d->pages = malloc((size_t)o->pages * sizeof(*d->pages));
 	d->indptr = malloc((size_t)(o->batch + 1) * sizeof(*d->indptr));
 	d->last = malloc((size_t)o->batch * sizeof(*d->last));
 	d->q = malloc(qn * sizeof(*d->q));
-	if (d->cache == MAP_FAILED || !d->pages || !d->indptr || !d->last || !d->q)
+	if (!d->pages || !d->indptr || !d->last || !d->q)
 		return oom();
 	for (int i = 0; i < nl; i++)
 		if (!(d->out[i] = calloc(qn, sizeof(float))))
@@ -260,12 +337,14 @@ static int data_make(const struct ab_opts *o, int nl, struct ab_data *d)
 
 		d->pages[i] = d->pages[j];
 		d->pages[j] = x;
-		pg = d->cache + (size_t)d->pages[i] * page_elems;
+		pg = d->cache[0] + (size_t)d->pages[i] * page_elems;
 		for (size_t e = 0; e < page_elems; e++) {
 			uint64_t r = bench_rand(&seed);
 
 			pg[e] = (uint16_t)(0x3400 + (r & 0x3ff) + ((r & 0x400) << 5));
 		}
+		if (o->n_mems == 2)
+			memcpy(d->cache[1] + (size_t)d->pages[i] * page_elems, pg, page_elems * 2);
 	}
 	for (size_t i = 1; o->one_page && i < used; i++)
 		d->pages[i] = d->pages[0];
@@ -286,12 +365,7 @@ static int measure(const struct ab_opts *o, const decode_fn *fn, int nl, char *c
 	static double t[MAX_LIBS][MAX_ROUNDS];
 	const int P = 16, H = o->kv_heads, D = o->head_dim, R = o->rounds;
 	const size_t qn = (size_t)o->batch * H * o->group * D;
-	const struct kva_kv_desc kv = {
-		.k = d->cache, .v = d->cache + (size_t)H * P * D,
-		.page_stride = (int64_t)2 * H * P * D, .token_stride = D,
-		.head_stride = (int64_t)P * D, .num_kv_heads = H, .head_dim = D,
-		.dtype = KVA_F16, .page_size = P, .num_pages = (int32_t)o->pages,
-	};
+	struct kva_kv_desc kv[MAX_LIBS];
 	const struct kva_page_table pt = { .batch = o->batch, .page_size = P, .indptr = d->indptr,
 					   .indices = d->pages, .last_page_len = d->last };
 	struct kva_decode_opts dopt[MAX_LIBS];
@@ -301,19 +375,29 @@ static int measure(const struct ab_opts *o, const decode_fn *fn, int nl, char *c
 	uint64_t one;
 	int reps, ret;
 
-	for (int i = 0; i < nl; i++)
+	for (int i = 0; i < nl; i++) {
+		/* with two --memory kinds, the one build (nl 2: twice) on each */
+		const uint16_t *c = d->cache[o->n_mems == 2 ? i : 0];
+
 		dopt[i] = (struct kva_decode_opts){ .threads = o->threads, .isa = o->isa,
 						    .pf_step = o->pf_step[i] };
+		kv[i] = (struct kva_kv_desc){
+			.k = c, .v = c + (size_t)H * P * D,
+			.page_stride = (int64_t)2 * H * P * D, .token_stride = D,
+			.head_stride = (int64_t)P * D, .num_kv_heads = H, .head_dim = D,
+			.dtype = KVA_F16, .page_size = P, .num_pages = (int32_t)o->pages,
+		};
+	}
 	/* warm up every build (its pool, its scratch), and check that it runs */
 	for (int i = 0; i < nl; i++)
-		if ((ret = fn[i](&kv, &pt, d->q, KVA_F32, H * o->group, scale, d->out[i], NULL,
+		if ((ret = fn[i](&kv[i], &pt, d->q, KVA_F32, H * o->group, scale, d->out[i], NULL,
 				 &dopt[i])) < 0) {
 			fprintf(stderr, "kvarena-ab: kva_decode of %s: %s\n", names[i],
 				strerror(-ret));
 			return ret;
 		}
 	one = bench_now_ns();
-	fn[0](&kv, &pt, d->q, KVA_F32, H * o->group, scale, d->out[0], NULL, &dopt[0]);
+	fn[0](&kv[0], &pt, d->q, KVA_F32, H * o->group, scale, d->out[0], NULL, &dopt[0]);
 	one = bench_now_ns() - one;
 	reps = one >= turn ? 1 : (int)(turn / (one + 1)) + 1;
 	for (int r = 0; r < R; r++)
@@ -322,11 +406,12 @@ static int measure(const struct ab_opts *o, const decode_fn *fn, int nl, char *c
 			uint64_t s = bench_now_ns();
 
 			for (int n = 0; n < reps; n++)
-				fn[i](&kv, &pt, d->q, KVA_F32, H * o->group, scale, d->out[i], NULL,
+				fn[i](&kv[i], &pt, d->q, KVA_F32, H * o->group, scale, d->out[i], NULL,
 				      &dopt[i]);
 			t[i][r] = (double)(bench_now_ns() - s) / reps;
 		}
 	for (int i = 0; i < nl; i++) {
+		const int m = o->n_mems == 2 ? i : 0;
 		double speed[MAX_ROUNDS], times[MAX_ROUNDS], diff = 0.0;
 		static char lib[6 * PATH_MAX + 1]; /* any path dlopen took, escaped whole */
 
@@ -342,11 +427,14 @@ static int measure(const struct ab_opts *o, const decode_fn *fn, int nl, char *c
 		bench_json_escape(names[i], lib, sizeof(lib));
 		printf("{\"lib\":\"%s\",\"isa\":\"%s\",\"batch\":%d,\"context\":%d,\"kv_heads\":%d,"
 		       "\"head_dim\":%d,\"group\":%d,\"threads\":%d,\"rounds\":%d,"
-		       "\"one_page\":%s,\"hugepages\":%s,\"pf_step\":%d,\"gbps\":%.2f,\"gbps_min\":%.2f,"
+		       "\"one_page\":%s,\"hugepages\":%s,\"memory\":\"%s\",\"huge_bytes\":%" PRIu64 ","
+		       "\"pf_step\":%d,\"gbps\":%.2f,\"gbps_min\":%.2f,"
 		       "\"gbps_max\":%.2f,\"speed\":%.3f,\"speed_q1\":%.3f,\"speed_q3\":%.3f,"
 		       "\"max_abs_diff\":%.3g}\n",
 		       lib, o->isa_name, o->batch, o->context, o->kv_heads, o->head_dim, o->group,
-		       o->threads, R, o->one_page ? "true" : "false", o->hugepages ? "true" : "false",
+		       o->threads, R, o->one_page ? "true" : "false", o->mem[m] == MEM_HUGETLB ? "true" : "false",
+		       mem_names[o->mem[m]],
+		       o->mem[m] == MEM_HUGETLB ? d->cache_bytes : bench_huge_bytes(d->cache[m]),
 		       o->pf_step[i], bytes / times[R / 2], bytes / times[R - 1], bytes / times[0], speed[R / 2],
 		       speed[R / 4], speed[(3 * R) / 4], diff);
 	}
@@ -384,8 +472,17 @@ int main(int argc, char **argv)
 						"file?): it is compared with itself\n",
 					argv[optind + i]);
 	}
-	if ((ret = data_make(&o, nl, &d)) == 0)
+	if (o.n_mems == 2) { /* one build, on each kind of memory in turn */
+		char *twice[2] = { argv[optind], argv[optind] };
+
+		fn[1] = fn[0];
+		o.pf_step[1] = o.pf_step[0];
+		nl = 2;
+		if ((ret = data_make(&o, nl, &d)) == 0)
+			ret = measure(&o, fn, nl, twice, &d);
+	} else if ((ret = data_make(&o, nl, &d)) == 0) {
 		ret = measure(&o, fn, nl, argv + optind, &d);
+	}
 	data_free(&d);
 	return ret < 0 ? 1 : 0;
 }
