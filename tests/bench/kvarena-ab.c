@@ -23,7 +23,11 @@
  * every page of every sequence is the same page: at --kv-heads 1 its K and
  * V (8 KiB at head_dim 128) stay in L1, so the rounds time the tile's own
  * work, with no memory to wait for (the prefetches still issue, to lines
- * already there). With --hugepages the cache is on 2 MiB huge pages
+ * already there). --cycle N takes the sequences' pages from N distinct
+ * pages in turn (--one-page is --cycle 1; 0, the default, all distinct):
+ * at 8 KV heads 8 pages (512 KiB) stay in a Zen 4's L2, 64 in its L3.
+ * Two values and one build compare the two page tables over the same
+ * cache: what memory costs the decode, in one process. With --hugepages the cache is on 2 MiB huge pages
  * (MAP_HUGETLB, from the system's pool), as `kvarena-agent --hugepages`
  * puts an arena. --memory says what other memory the cache is: private
  * anonymous memory (the default), or a memfd shared as an arena's data is,
@@ -38,6 +42,7 @@
  *   isa          the path asked for (--isa; "auto" is each build's best)
  *   batch, context, kv_heads, head_dim, group, threads, rounds, one_page,
  *   hugepages, pf_step   as run (pf_step 0: the build picks it)
+ *   cycle        distinct pages the sequences' pages cycle over (0: all)
  *   memory       the cache's memory: private, hugetlb, shmem or thp
  *   huge_bytes   of the cache, bytes mapped by 2 MiB pages (smaps)
  *   gbps         K and V bytes per second, the median round
@@ -46,7 +51,8 @@
  *   speed_q1, speed_q3   its quartiles
  *   max_abs_diff the largest difference of an output element from the
  *                first build's (a build that computes something else shows
- *                here, not only in the tests)
+ *                here, not only in the tests); null with two --cycle
+ *                values, whose tables read different pages
  */
 #include <dlfcn.h>
 #include <errno.h>
@@ -89,6 +95,9 @@ struct ab_opts {
 	int n_pf_steps;        /* how many --pf-step gave */
 	enum ab_mem mem[2];    /* the cache's memory; a second kind to compare */
 	int n_mems;
+	long cycle[2];         /* distinct pages the page table cycles over (0:
+				* all distinct); a second table to compare */
+	int n_cycles;
 };
 
 static int cmp_double(const void *a, const void *b)
@@ -114,6 +123,10 @@ static void usage(FILE *f)
 		"  --pages N      pages the sequences' pages are scattered over (default 16384)\n"
 		"  --one-page     every page of every sequence is one page (in L1 at\n"
 		"                 --kv-heads 1): the tile's own cost, without memory\n"
+		"  --cycle A[,B]  the sequences' pages taken from A distinct pages in\n"
+		"                 turn (0: all distinct, the default; 1: --one-page).\n"
+		"                 Two values and one build: the build over the second\n"
+		"                 page table against the first, one cache\n"
 		"  --hugepages    the cache on 2 MiB huge pages (needs vm.nr_hugepages)\n"
 		"  --memory A[,B] the cache's memory: private (default), hugetlb (as\n"
 		"                 --hugepages), shmem (a memfd, as an arena's data, on\n"
@@ -141,6 +154,7 @@ static int parse(int argc, char **argv, struct ab_opts *o)
 		{ "rounds", required_argument, 0, 'r' },	 { "help", no_argument, 0, 'h' },
 		{ "one-page", no_argument, 0, '1' },	 { "hugepages", no_argument, 0, 'H' },
 		{ "pf-step", required_argument, 0, 's' }, { "memory", required_argument, 0, 'm' },
+		{ "cycle", required_argument, 0, 'y' },
 		{ 0, 0, 0, 0 }
 	};
 	int c;
@@ -160,6 +174,20 @@ static int parse(int argc, char **argv, struct ab_opts *o)
 		case 'r': o->rounds = atoi(optarg); break;
 		case '1': o->one_page = true; break;
 		case 'H': o->hugepages = true; break;
+		case 'y':
+			o->n_cycles = 0;
+			for (char *p = strtok(optarg, ","); p; p = strtok(NULL, ",")) {
+				char *end;
+				long v = strtol(p, &end, 10);
+
+				if (end == p || *end || v < 0 || v > (1l << 24) || o->n_cycles == 2) {
+					fprintf(stderr, "kvarena-ab: --cycle: one or two numbers "
+							"0..%ld\n", 1l << 24);
+					return -EINVAL;
+				}
+				o->cycle[o->n_cycles++] = v;
+			}
+			break;
 		case 'm':
 			o->n_mems = 0;
 			for (char *p = strtok(optarg, ","); p; p = strtok(NULL, ",")) {
@@ -219,10 +247,31 @@ static int parse(int argc, char **argv, struct ab_opts *o)
 		fprintf(stderr, "kvarena-ab: --pf-step: one value, or one for each build\n");
 		return -EINVAL;
 	}
-	if (o->n_mems == 2 && argc - optind != 1) {
-		fprintf(stderr, "kvarena-ab: --memory with two kinds compares them for one build\n");
+	if ((o->n_mems == 2 || o->n_cycles == 2) && argc - optind != 1) {
+		fprintf(stderr, "kvarena-ab: two --memory kinds or --cycle values compare them "
+				"for one build\n");
 		return -EINVAL;
 	}
+	if (o->n_mems == 2 && o->n_cycles == 2) {
+		fprintf(stderr, "kvarena-ab: compare two --memory kinds or two --cycle values, "
+				"not both\n");
+		return -EINVAL;
+	}
+	if (o->one_page) {
+		if (o->n_cycles) {
+			fprintf(stderr, "kvarena-ab: --one-page is --cycle 1: give one\n");
+			return -EINVAL;
+		}
+		o->cycle[0] = 1;
+	}
+	if (!o->n_cycles)
+		o->n_cycles = 1;
+	for (int k = 0; k < o->n_cycles; k++)
+		if (o->cycle[k] > (long)o->batch * ((o->context + 15) / 16)) {
+			fprintf(stderr, "kvarena-ab: --cycle: no more pages than the sequences "
+					"have (batch x context / 16)\n");
+			return -EINVAL;
+		}
 	if (o->hugepages) {
 		if (o->n_mems) {
 			fprintf(stderr, "kvarena-ab: --hugepages is --memory hugetlb: give one\n");
@@ -243,6 +292,7 @@ struct ab_data {
 	uint16_t *cache[2]; /* one for each --memory kind */
 	size_t cache_bytes;
 	int32_t *pages, *indptr, *last;
+	int32_t *table[2];  /* the page table's indices, for each --cycle value */
 	float *q, *out[MAX_LIBS];
 };
 
@@ -251,6 +301,9 @@ static void data_free(struct ab_data *d)
 	for (int k = 0; k < 2; k++)
 		if (d->cache[k])
 			munmap(d->cache[k], d->cache_bytes);
+	for (int k = 0; k < 2; k++)
+		if (d->table[k] != d->pages)
+			free(d->table[k]);
 	free(d->pages);
 	free(d->indptr);
 	free(d->last);
@@ -330,7 +383,7 @@ static int data_make(const struct ab_opts *o, int nl, struct ab_data *d)
 			return oom();
 	for (long i = 0; i < o->pages; i++)
 		d->pages[i] = (int32_t)i;
-	for (size_t i = 0; i < (o->one_page ? 1 : used); i++) {
+	for (size_t i = 0; i < used; i++) {
 		size_t j = i + bench_rand(&seed) % ((size_t)o->pages - i);
 		int32_t x = d->pages[i];
 		uint16_t *pg;
@@ -346,8 +399,16 @@ static int data_make(const struct ab_opts *o, int nl, struct ab_data *d)
 		if (o->n_mems == 2)
 			memcpy(d->cache[1] + (size_t)d->pages[i] * page_elems, pg, page_elems * 2);
 	}
-	for (size_t i = 1; o->one_page && i < used; i++)
-		d->pages[i] = d->pages[0];
+	for (int k = 0; k < o->n_cycles; k++) {
+		if (!o->cycle[k]) {
+			d->table[k] = d->pages;
+			continue;
+		}
+		if (!(d->table[k] = malloc(used * sizeof(int32_t))))
+			return oom();
+		for (size_t i = 0; i < used; i++)
+			d->table[k][i] = d->pages[i % (size_t)o->cycle[k]];
+	}
 	d->indptr[0] = 0;
 	for (int b = 0; b < o->batch; b++) {
 		d->indptr[b + 1] = d->indptr[b] + per_seq;
@@ -366,8 +427,7 @@ static int measure(const struct ab_opts *o, const decode_fn *fn, int nl, char *c
 	const int P = 16, H = o->kv_heads, D = o->head_dim, R = o->rounds;
 	const size_t qn = (size_t)o->batch * H * o->group * D;
 	struct kva_kv_desc kv[MAX_LIBS];
-	const struct kva_page_table pt = { .batch = o->batch, .page_size = P, .indptr = d->indptr,
-					   .indices = d->pages, .last_page_len = d->last };
+	struct kva_page_table pt[MAX_LIBS];
 	struct kva_decode_opts dopt[MAX_LIBS];
 	const float scale = 1.0f / sqrtf((float)D);
 	const double bytes = (double)o->batch * o->context * H * D * 2 * 2;
@@ -376,9 +436,14 @@ static int measure(const struct ab_opts *o, const decode_fn *fn, int nl, char *c
 	int reps, ret;
 
 	for (int i = 0; i < nl; i++) {
-		/* with two --memory kinds, the one build (nl 2: twice) on each */
+		/* with two --memory kinds or --cycle values, the one build (nl 2:
+		 * twice) on each */
 		const uint16_t *c = d->cache[o->n_mems == 2 ? i : 0];
 
+		pt[i] = (struct kva_page_table){ .batch = o->batch, .page_size = P,
+						 .indptr = d->indptr,
+						 .indices = d->table[o->n_cycles == 2 ? i : 0],
+						 .last_page_len = d->last };
 		dopt[i] = (struct kva_decode_opts){ .threads = o->threads, .isa = o->isa,
 						    .pf_step = o->pf_step[i] };
 		kv[i] = (struct kva_kv_desc){
@@ -390,14 +455,14 @@ static int measure(const struct ab_opts *o, const decode_fn *fn, int nl, char *c
 	}
 	/* warm up every build (its pool, its scratch), and check that it runs */
 	for (int i = 0; i < nl; i++)
-		if ((ret = fn[i](&kv[i], &pt, d->q, KVA_F32, H * o->group, scale, d->out[i], NULL,
+		if ((ret = fn[i](&kv[i], &pt[i], d->q, KVA_F32, H * o->group, scale, d->out[i], NULL,
 				 &dopt[i])) < 0) {
 			fprintf(stderr, "kvarena-ab: kva_decode of %s: %s\n", names[i],
 				strerror(-ret));
 			return ret;
 		}
 	one = bench_now_ns();
-	fn[0](&kv[0], &pt, d->q, KVA_F32, H * o->group, scale, d->out[0], NULL, &dopt[0]);
+	fn[0](&kv[0], &pt[0], d->q, KVA_F32, H * o->group, scale, d->out[0], NULL, &dopt[0]);
 	one = bench_now_ns() - one;
 	reps = one >= turn ? 1 : (int)(turn / (one + 1)) + 1;
 	for (int r = 0; r < R; r++)
@@ -406,12 +471,12 @@ static int measure(const struct ab_opts *o, const decode_fn *fn, int nl, char *c
 			uint64_t s = bench_now_ns();
 
 			for (int n = 0; n < reps; n++)
-				fn[i](&kv[i], &pt, d->q, KVA_F32, H * o->group, scale, d->out[i], NULL,
+				fn[i](&kv[i], &pt[i], d->q, KVA_F32, H * o->group, scale, d->out[i], NULL,
 				      &dopt[i]);
 			t[i][r] = (double)(bench_now_ns() - s) / reps;
 		}
 	for (int i = 0; i < nl; i++) {
-		const int m = o->n_mems == 2 ? i : 0;
+		const int m = o->n_mems == 2 ? i : 0, y = o->n_cycles == 2 ? i : 0;
 		double speed[MAX_ROUNDS], times[MAX_ROUNDS], diff = 0.0;
 		static char lib[6 * PATH_MAX + 1]; /* any path dlopen took, escaped whole */
 
@@ -419,8 +484,12 @@ static int measure(const struct ab_opts *o, const decode_fn *fn, int nl, char *c
 			speed[r] = t[0][r] / t[i][r];
 			times[r] = t[i][r];
 		}
+		char diffs[32] = "null"; /* two page tables read different pages */
+
 		for (size_t e = 0; e < qn; e++)
 			diff = fmax(diff, fabs((double)d->out[i][e] - d->out[0][e]));
+		if (o->n_cycles < 2)
+			snprintf(diffs, sizeof(diffs), "%.3g", diff);
 		qsort(speed, (size_t)R, sizeof(double), cmp_double);
 		qsort(times, (size_t)R, sizeof(double), cmp_double);
 		/* a path may hold a quote or a backslash */
@@ -428,15 +497,16 @@ static int measure(const struct ab_opts *o, const decode_fn *fn, int nl, char *c
 		printf("{\"lib\":\"%s\",\"isa\":\"%s\",\"batch\":%d,\"context\":%d,\"kv_heads\":%d,"
 		       "\"head_dim\":%d,\"group\":%d,\"threads\":%d,\"rounds\":%d,"
 		       "\"one_page\":%s,\"hugepages\":%s,\"memory\":\"%s\",\"huge_bytes\":%" PRIu64 ","
-		       "\"pf_step\":%d,\"gbps\":%.2f,\"gbps_min\":%.2f,"
+		       "\"cycle\":%ld,\"pf_step\":%d,\"gbps\":%.2f,\"gbps_min\":%.2f,"
 		       "\"gbps_max\":%.2f,\"speed\":%.3f,\"speed_q1\":%.3f,\"speed_q3\":%.3f,"
-		       "\"max_abs_diff\":%.3g}\n",
+		       "\"max_abs_diff\":%s}\n",
 		       lib, o->isa_name, o->batch, o->context, o->kv_heads, o->head_dim, o->group,
-		       o->threads, R, o->one_page ? "true" : "false", o->mem[m] == MEM_HUGETLB ? "true" : "false",
+		       o->threads, R, o->cycle[y] == 1 ? "true" : "false",
+		       o->mem[m] == MEM_HUGETLB ? "true" : "false",
 		       mem_names[o->mem[m]],
 		       o->mem[m] == MEM_HUGETLB ? d->cache_bytes : bench_huge_bytes(d->cache[m]),
-		       o->pf_step[i], bytes / times[R / 2], bytes / times[R - 1], bytes / times[0], speed[R / 2],
-		       speed[R / 4], speed[(3 * R) / 4], diff);
+		       o->cycle[y], o->pf_step[i], bytes / times[R / 2], bytes / times[R - 1], bytes / times[0], speed[R / 2],
+		       speed[R / 4], speed[(3 * R) / 4], diffs);
 	}
 	return 0;
 }
@@ -472,7 +542,7 @@ int main(int argc, char **argv)
 						"file?): it is compared with itself\n",
 					argv[optind + i]);
 	}
-	if (o.n_mems == 2) { /* one build, on each kind of memory in turn */
+	if (o.n_mems == 2 || o.n_cycles == 2) { /* one build, each memory or table in turn */
 		char *twice[2] = { argv[optind], argv[optind] };
 
 		fn[1] = fn[0];
