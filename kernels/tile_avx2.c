@@ -29,6 +29,15 @@
  * token_stride of 2 KiB, which fall into 8 of L1's 64 sets, so a second pass
  * over a block finds them in L2, not L1. A block is 48 tokens (3 x 16).
  * exp2 builds 2^n from its exponent bits (AVX2 has no vscalefps).
+ *
+ * Groups of 4, 8 and 16 heads over f32, f16 and bf16 keep a block's scores
+ * token-major (tg_block: a token's scores side by side), so that the
+ * softmax runs lane by lane over every head at once, and the 3 x 4 tiles'
+ * sums are stored as they come; other groups, and fp8 and int8 (whose
+ * per-token scales the fold applies), head-major (head_block: a head's
+ * scores side by side, 8 tokens a vector). Paired on Zen 4 (README,
+ * twenty-second session): group 8 1.052-1.065x as fast, group 4
+ * 1.019-1.054x, group 16 1.018-1.055x.
  */
 #include <immintrin.h>
 
@@ -145,18 +154,23 @@ AI float hsum8(__m256 v)
  */
 #define ROW (KVA__BLOCK_TOKENS + 8)
 
+/* groups of 4, 8 and 16 heads score token-major (tg_block): s as rows of G */
+_Static_assert(KVA__BLOCK_TOKENS * 16 <= KVA__MAX_GROUP * ROW, "token-major scores fit s");
+
 /*
  * Score tokens [i, i + nt) x heads [g0, g0 + ng) into s[g][i]: TB x GB dot
  * products, each accumulated in a ymm across head_dim, then reduced 8 (and
  * 4) at a time. The caller passes nt == TB and ng == GB as constants except
  * at a block's or a group's end. The K scales of fp8 and int8 are the
- * fold's to apply, 8 scores a multiply, so every dtype takes the transposed
- * stores.
+ * fold's to apply, 8 scores a multiply. @TG: 0 for head-major scores,
+ * s[g][t] (the 3 x 4 tile's sums transposed to store a head's three at
+ * once), else the row length of token-major ones, s[t][g] (tg_block: the
+ * sums stored as they come).
  */
 AI void score_body(const struct kva__tile *t, const struct kva__rows *bk, size_t hoff,
 		   int i, int g0, float s[][ROW],
 		   const enum kva_dtype dt, int NC, const int TB, const int GB, const int nt,
-		   const int ng)
+		   const int ng, const int TG)
 {
 	const int D = NC * 8;
 	const size_t esize = kva__esize(dt);
@@ -246,6 +260,18 @@ AI void score_body(const struct kva__tile *t, const struct kva__rows *bk, size_t
 			}
 		}
 	}
+	if (TG && TB == 3 && GB == 4 && nt == TB && ng == 4) {
+		/* token-major rows of TG scores (tg_block): lanes t0g0..t0g3
+		 * t1g0..t1g3 are two rows' 4 heads as they are, t2g0..t2g3
+		 * the third's; no transposes */
+		float *st = &s[0][0] + (size_t)i * TG + g0;
+		__m256 r8 = reduce8(a);
+
+		_mm_storeu_ps(st, _mm256_castps256_ps128(r8));
+		_mm_storeu_ps(st + TG, _mm256_extractf128_ps(r8, 1));
+		_mm_storeu_ps(st + 2 * TG, reduce4(a + 8));
+		return;
+	}
 	if (TB == 3 && GB == 4 && nt == TB && ng >= 3) {
 		/* lanes t0g0..t0g3 t1g0..t1g3 and t2g0..t2g3: transposed, each
 		 * head's three scores are one store (and a fourth lane the next
@@ -273,16 +299,19 @@ AI void score_body(const struct kva__tile *t, const struct kva__rows *bk, size_t
 		_mm_store_ps(r + 8, reduce4(a + 8));
 	for (int tt = 0; tt < nt; tt++)
 		for (int gg = 0; gg < ng; gg++)
-			s[g0 + gg][i + tt] = r[tt * GB + gg];
+			if (TG)
+				(&s[0][0])[(size_t)(i + tt) * TG + g0 + gg] = r[tt * GB + gg];
+			else
+				s[g0 + gg][i + tt] = r[tt * GB + gg];
 }
 
 /* the tail of a block, or of a group of heads: one shared instance */
 static __attribute__((noinline)) void score_tail(const struct kva__tile *t,
 						 const struct kva__rows *bk, size_t hoff, int i,
 						 int g0, float s[][ROW], enum kva_dtype dt, int NC,
-						 int TB, int GB, int nt, int ng)
+						 int TB, int GB, int nt, int ng, int tg)
 {
-	score_body(t, bk, hoff, i, g0, s, dt, NC, TB, GB, nt, ng);
+	score_body(t, bk, hoff, i, g0, s, dt, NC, TB, GB, nt, ng, tg);
 }
 
 /*
@@ -292,19 +321,19 @@ static __attribute__((noinline)) void score_tail(const struct kva__tile *t,
  */
 AI void score_heads(const struct kva__tile *t, const struct kva__rows *bk,
 		    struct kva__pf *pf, size_t hoff, int g0, float s[][ROW],
-		    const enum kva_dtype dt, int NC, const int TB, const int GB)
+		    const enum kva_dtype dt, int NC, const int TB, const int GB, const int TG)
 {
 	const int ng = t->group - g0 < GB ? t->group - g0 : GB;
 
 	for (int i = 0; i < bk->n; i += TB) {
 		kva__pf_step(pf);
 		if (bk->n - i >= TB && ng == GB)
-			score_body(t, bk, hoff, i, g0, s, dt, NC, TB, GB, TB, GB);
+			score_body(t, bk, hoff, i, g0, s, dt, NC, TB, GB, TB, GB, TG);
 		else if (GB == 4 && bk->n - i >= TB && ng == 3)
-			score_body(t, bk, hoff, i, g0, s, dt, NC, TB, GB, TB, 3);
+			score_body(t, bk, hoff, i, g0, s, dt, NC, TB, GB, TB, 3, TG);
 		else
 			score_tail(t, bk, hoff, i, g0, s, dt, NC, TB, GB,
-				   bk->n - i < TB ? bk->n - i : TB, ng);
+				   bk->n - i < TB ? bk->n - i : TB, ng, TG);
 	}
 }
 
@@ -316,7 +345,7 @@ AI void score_heads(const struct kva__tile *t, const struct kva__rows *bk,
  */
 AI void accumulate_body(const struct kva__tile *t, const struct kva__rows *bk, size_t hoff,
 			struct kva__pf *pf, float s[][ROW], int g0, int c0, const enum kva_dtype dt,
-			int NC, const int CG, const int ng, const int nc)
+			int NC, const int CG, const int ng, const int nc, const int PH, const int PT)
 {
 	const int D = NC * 8;
 	const size_t esize = kva__esize(dt);
@@ -332,7 +361,7 @@ AI void accumulate_body(const struct kva__tile *t, const struct kva__rows *bk, s
 	 * general register to spare for a reload from the stack.
 	 */
 	const char *const *vp = bk->v, *const *vend = bk->v + bk->n;
-	const float *sp = &s[g0][0];
+	const float *sp = &s[0][0] + (size_t)g0 * PH;
 	const size_t off = hoff + (size_t)c0 * 8 * esize;
 
 	const ptrdiff_t step = acc_step(t->pf_queue);
@@ -342,7 +371,7 @@ AI void accumulate_body(const struct kva__tile *t, const struct kva__rows *bk, s
 	for (const char *const *cend; vp < vend;) {
 		kva__pf_step(pf);
 		cend = vend - vp > step ? vp + step : vend;
-		for (; vp < cend; vp++, sp++) {
+		for (; vp < cend; vp++, sp += PT) {
 			const char *row = *vp + off;
 
 			if (ng >= 3 && nc <= 3) {
@@ -362,7 +391,7 @@ AI void accumulate_body(const struct kva__tile *t, const struct kva__rows *bk, s
 				for (int cc = 0; cc < nc; cc++)
 					vc[cc] = kva__load8(rr + (size_t)cc * 8 * esize, dt);
 				for (int gg = 0; gg < ng; gg++) {
-					__m256 b = _mm256_broadcast_ss(pq + gg * ROW);
+					__m256 b = _mm256_broadcast_ss(pq + gg * PH);
 
 					for (int cc = 0; cc < nc; cc++)
 						acc[gg * CG + cc] =
@@ -384,8 +413,8 @@ AI void accumulate_body(const struct kva__tile *t, const struct kva__rows *bk, s
 				 * it would otherwise address with a register each.
 				 */
 				__asm__ volatile("" : "+r"(rr), "+r"(pq));
-				b0 = _mm256_broadcast_ss(pq + gp * ROW);
-				b1 = gp + 1 < ng ? _mm256_broadcast_ss(pq + (gp + 1) * ROW) : b0;
+				b0 = _mm256_broadcast_ss(pq + gp * PH);
+				b1 = gp + 1 < ng ? _mm256_broadcast_ss(pq + (gp + 1) * PH) : b0;
 				for (int cc = 0; cc < nc; cc++) {
 					__m256 vc = kva__load8(rr + (size_t)cc * 8 * esize, dt);
 
@@ -407,9 +436,9 @@ static __attribute__((noinline)) void accumulate_tail(const struct kva__tile *t,
 						      const struct kva__rows *bk, size_t hoff,
 						      struct kva__pf *pf, float s[][ROW], int g0,
 						      int c0, enum kva_dtype dt, int NC, int CG,
-						      int ng, int nc)
+						      int ng, int nc, int ph, int pt)
 {
-	accumulate_body(t, bk, hoff, pf, s, g0, c0, dt, NC, CG, ng, nc);
+	accumulate_body(t, bk, hoff, pf, s, g0, c0, dt, NC, CG, ng, nc, ph, pt);
 }
 
 /* NG heads x chunks [c0, c0 + nc): constants for a whole part and for the
@@ -417,16 +446,17 @@ static __attribute__((noinline)) void accumulate_tail(const struct kva__tile *t,
  * one or two), so that only an odd head_dim takes the shared tail */
 AI void accumulate_chunks(const struct kva__tile *t, const struct kva__rows *bk, size_t hoff,
 			  struct kva__pf *pf, float s[][ROW], int g0, int c0,
-			  const enum kva_dtype dt, int NC, const int CG, const int NG, int nc)
+			  const enum kva_dtype dt, int NC, const int CG, const int NG, int nc,
+			  const int PH, const int PT)
 {
 	if (nc == CG)
-		accumulate_body(t, bk, hoff, pf, s, g0, c0, dt, NC, CG, NG, CG);
+		accumulate_body(t, bk, hoff, pf, s, g0, c0, dt, NC, CG, NG, CG, PH, PT);
 	else if (nc == 1)
-		accumulate_body(t, bk, hoff, pf, s, g0, c0, dt, NC, CG, NG, 1);
+		accumulate_body(t, bk, hoff, pf, s, g0, c0, dt, NC, CG, NG, 1, PH, PT);
 	else if (nc == 2)
-		accumulate_body(t, bk, hoff, pf, s, g0, c0, dt, NC, CG, NG, 2);
+		accumulate_body(t, bk, hoff, pf, s, g0, c0, dt, NC, CG, NG, 2, PH, PT);
 	else
-		accumulate_tail(t, bk, hoff, pf, s, g0, c0, dt, NC, CG, NG, nc);
+		accumulate_tail(t, bk, hoff, pf, s, g0, c0, dt, NC, CG, NG, nc, PH, PT);
 }
 
 /*
@@ -436,17 +466,17 @@ AI void accumulate_chunks(const struct kva__tile *t, const struct kva__rows *bk,
  */
 AI void accumulate_part(const struct kva__tile *t, const struct kva__rows *bk, size_t hoff,
 			struct kva__pf *pf, float s[][ROW], int g0, int c0, const enum kva_dtype dt,
-			int NC, const int GB, const int CG)
+			int NC, const int GB, const int CG, const int PH, const int PT)
 {
 	const int ng = t->group - g0 < GB ? t->group - g0 : GB;
 	const int nc = NC - c0 < CG ? NC - c0 : CG;
 
 	if (ng == GB)
-		accumulate_chunks(t, bk, hoff, pf, s, g0, c0, dt, NC, CG, GB, nc);
+		accumulate_chunks(t, bk, hoff, pf, s, g0, c0, dt, NC, CG, GB, nc, PH, PT);
 	else if (GB == 4 && ng == 3)
-		accumulate_chunks(t, bk, hoff, pf, s, g0, c0, dt, NC, CG, 3, nc);
+		accumulate_chunks(t, bk, hoff, pf, s, g0, c0, dt, NC, CG, 3, nc, PH, PT);
 	else
-		accumulate_tail(t, bk, hoff, pf, s, g0, c0, dt, NC, CG, ng, nc);
+		accumulate_tail(t, bk, hoff, pf, s, g0, c0, dt, NC, CG, ng, nc, PH, PT);
 }
 
 /*
@@ -512,15 +542,15 @@ static inline int part_chunks(int NC, int c0, int CG)
 /* heads [g0, g0 + GB) x all chunks, a part at a time */
 AI void accumulate_heads(const struct kva__tile *t, const struct kva__rows *bk, size_t hoff,
 			 struct kva__pf *pf, float s[][ROW], int g0, const enum kva_dtype dt,
-			 int NC, const int GB, const int CG)
+			 int NC, const int GB, const int CG, const int PH, const int PT)
 {
 	for (int c0 = 0; c0 < NC;) {
 		int cg = part_chunks(NC, c0, CG);
 
 		if (cg == 2)
-			accumulate_part(t, bk, hoff, pf, s, g0, c0, dt, NC, GB, 2);
+			accumulate_part(t, bk, hoff, pf, s, g0, c0, dt, NC, GB, 2, PH, PT);
 		else
-			accumulate_part(t, bk, hoff, pf, s, g0, c0, dt, NC, GB, CG);
+			accumulate_part(t, bk, hoff, pf, s, g0, c0, dt, NC, GB, CG, PH, PT);
 		c0 += cg;
 	}
 }
@@ -558,9 +588,9 @@ AI void accumulate(const struct kva__tile *t, const struct kva__rows *bk, size_t
 		const int rest = t->group - g0;
 
 		if (rest >= 3)
-			accumulate_heads(t, bk, hoff, pf, s, g0, dt, NC, 4, 3);
+			accumulate_heads(t, bk, hoff, pf, s, g0, dt, NC, 4, 3, ROW, 1);
 		else if (rest == 2)
-			accumulate_heads(t, bk, hoff, pf, s, g0, dt, NC, 2, 4);
+			accumulate_heads(t, bk, hoff, pf, s, g0, dt, NC, 2, 4, ROW, 1);
 		else
 			for (int c0 = 0; c0 < NC; c0 += 16) {
 				if (NC - c0 >= 16)
@@ -568,7 +598,7 @@ AI void accumulate(const struct kva__tile *t, const struct kva__rows *bk, size_t
 				else if (one_rows(NC, c0))
 					accumulate_one(t, bk, hoff, pf, s, g0, c0, dt, NC, NC - c0);
 				else
-					accumulate_part(t, bk, hoff, pf, s, g0, c0, dt, NC, 1, 8);
+					accumulate_part(t, bk, hoff, pf, s, g0, c0, dt, NC, 1, 8, ROW, 1);
 			}
 	}
 }
@@ -610,6 +640,97 @@ int kva__avx2_one_step(enum kva_dtype dt, int head_dim, int group, int kept)
 	return (lines + steps - 1) / steps <= kept ? ONE_STEP_LONG : ONE_STEP_SHORT;
 }
 
+/*
+ * The turn of a group of G = 4, 8 or 16 heads (f32, f16, bf16: no scales to
+ * fold), with the scores token-major, s[t][g], G floats a token: the 3 x 4
+ * score tiles store their sums as they come (no transposes), and the
+ * softmax folds every head at once, lane by lane, with no horizontal
+ * reduction per head and one exp2_ps for all the heads' rescales (not an
+ * exp2f call each). A ymm of scores holds 2 tokens at G = 4, 1 at 8, half
+ * of one at 16: the heads' lanes repeat every P = max(1, G / 8) vectors,
+ * and the softmax keeps P of each running vector.
+ * The prefetch steps are head_block()'s: the scores' and outputs' the
+ * same, the softmax's G (6 vectors each).
+ */
+AI void tg_block(const struct kva__tile *t, const struct kva__rows *bk, struct kva__pf *pf,
+		 size_t hoff, const enum kva_dtype dt, int NC, const int G)
+{
+	const int D = NC * 8, n = bk->n, P = G >= 8 ? G / 8 : 1;
+	const int nvec = (n * G + 7) / 8; /* the last one half a token's at G = 4 and n odd */
+	const __m256 minf = _mm256_set1_ps(-INFINITY);
+	_Alignas(32) float s[KVA__MAX_GROUP][ROW];
+	_Alignas(32) float r[16];
+	float *st = &s[0][0];
+	__m256 mv[2] = { minf, minf }, mnew[2], rv[2], psum[2];
+
+	for (int g0 = 0; g0 < G; g0 += 4)
+		score_heads(t, bk, pf, hoff, g0, s, dt, NC, 3, 4, G);
+	/* a tail of half a vector (G 4, n odd): the upper 4 lanes are no token */
+	if (G == 4 && (n & 1))
+		_mm_store_ps(st + n * G, _mm256_castps256_ps128(minf));
+	for (int k = 0; k < nvec; k++)
+		mv[k % P] = _mm256_max_ps(mv[k % P], _mm256_load_ps(st + 8 * k));
+	for (int ph = 0; ph < P; ph++) {
+		/* the heads' maxima, in the lanes they have in a vector: at G = 4
+		 * both halves of one are the same 4 heads, folded */
+		__m256 mold = G == 4 ? _mm256_broadcast_ps((const __m128 *)t->m)
+				     : _mm256_loadu_ps(t->m + 8 * ph);
+		__m256 m = mv[ph];
+
+		if (G == 4)
+			m = _mm256_max_ps(m, _mm256_permute2f128_ps(m, m, 1));
+		mnew[ph] = _mm256_max_ps(mold, m);
+		/* exp2(m_old - m_new); a head with no scores yet (m_old -inf)
+		 * has l and acc 0, whatever it is multiplied by */
+		rv[ph] = exp2_ps(_mm256_sub_ps(mold, mnew[ph]));
+		psum[ph] = _mm256_setzero_ps();
+		if (G == 4)
+			_mm_storeu_ps(t->m, _mm256_castps256_ps128(mnew[ph]));
+		else
+			_mm256_storeu_ps(t->m + 8 * ph, mnew[ph]);
+	}
+	for (int k0 = 0; k0 < 6 * G; k0 += 6) { /* a block's vectors, 6 a step */
+		const int k1 = k0 + 6 < nvec ? k0 + 6 : nvec;
+
+		kva__pf_step(pf);
+		for (int k = k0; k < k1; k++) {
+			/* exp2(-inf - m) is 2^-126, not 0: a lane of no token is
+			 * masked to 0 */
+			__m256 p = exp2_ps(_mm256_sub_ps(_mm256_load_ps(st + 8 * k), mnew[k % P]));
+
+			if (G == 4 && 8 * k + 8 > n * G)
+				p = _mm256_blend_ps(p, _mm256_setzero_ps(), 0xf0);
+			psum[k % P] = _mm256_add_ps(psum[k % P], p);
+			_mm256_store_ps(st + 8 * k, p);
+		}
+	}
+	for (int ph = 0; ph < P; ph++) {
+		if (G == 4) {
+			__m128 ps = _mm_add_ps(_mm256_castps256_ps128(psum[0]),
+					       _mm256_extractf128_ps(psum[0], 1));
+
+			_mm_storeu_ps(t->l, _mm_fmadd_ps(_mm_loadu_ps(t->l),
+							 _mm256_castps256_ps128(rv[0]), ps));
+		} else {
+			_mm256_storeu_ps(t->l + 8 * ph,
+					 _mm256_fmadd_ps(_mm256_loadu_ps(t->l + 8 * ph), rv[ph], psum[ph]));
+		}
+		_mm256_store_ps(r + 8 * ph, rv[ph]);
+	}
+	for (int g = 0; g < G; g++)
+		if (r[g] != 1.0f) {
+			__m256 rg = _mm256_set1_ps(r[g]);
+
+			for (int c = 0; c < NC; c++) {
+				float *o = t->acc + (size_t)g * D + c * 8;
+
+				_mm256_storeu_ps(o, _mm256_mul_ps(_mm256_loadu_ps(o), rg));
+			}
+		}
+	for (int g0 = 0; g0 < G; g0 += 4)
+		accumulate_heads(t, bk, hoff, pf, s, g0, dt, NC, 4, 3, 1, G);
+}
+
 /* One KV head's turn at a block: score, fold into the softmax state, accumulate. */
 AI void head_block(const struct kva__tile *t, const struct kva__rows *bk, struct kva__pf *pf,
 		   int32_t tb, size_t hoff, const enum kva_dtype dt, int NC)
@@ -619,15 +740,31 @@ AI void head_block(const struct kva__tile *t, const struct kva__rows *bk, struct
 	_Alignas(32) float s[KVA__MAX_GROUP][ROW];
 	_Alignas(32) float ks[KVA__BLOCK_TOKENS], vs[KVA__BLOCK_TOKENS];
 
+	if (dt != KVA_FP8_E4M3 && dt != KVA_INT8) {
+		/* token-major scores (tg_block), each G a constant in an
+		 * instance of its own */
+		if (G == 4) {
+			tg_block(t, bk, pf, hoff, dt, NC, 4);
+			return;
+		}
+		if (G == 8) {
+			tg_block(t, bk, pf, hoff, dt, NC, 8);
+			return;
+		}
+		if (G == 16) {
+			tg_block(t, bk, pf, hoff, dt, NC, 16);
+			return;
+		}
+	}
 	if (dt == KVA_FP8_E4M3 || dt == KVA_INT8)
 		kva__scales_at(t, tb, bk->n, t->kv_head, ks, vs);
 	for (int g0 = 0; g0 < G; g0 += 4)
 		if (G - g0 >= 3)
-			score_heads(t, bk, pf, hoff, g0, s, dt, NC, 3, 4);
+			score_heads(t, bk, pf, hoff, g0, s, dt, NC, 3, 4, 0);
 		else if (G - g0 == 2)
-			score_heads(t, bk, pf, hoff, g0, s, dt, NC, 6, 2);
+			score_heads(t, bk, pf, hoff, g0, s, dt, NC, 6, 2, 0);
 		else
-			score_heads(t, bk, pf, hoff, g0, s, dt, NC, 12, 1);
+			score_heads(t, bk, pf, hoff, g0, s, dt, NC, 12, 1, 0);
 
 	for (int g = 0; g < G; g++) {
 		__m256 sv[KVA__BLOCK_TOKENS / 8], mv = _mm256_set1_ps(-INFINITY), psum;

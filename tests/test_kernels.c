@@ -415,6 +415,36 @@ static void test_every_group_remainder_every_dtype_and_head_dim(void **state)
 			}
 }
 
+/*
+ * Groups of 4, 8 and 16 heads over f32, f16 and bf16 take the AVX2 tile's
+ * token-major scores (kernels/tile_avx2.c, tg_block): a ymm of scores is 2
+ * tokens, 1 or half of one, an odd block end leaves half a vector at group
+ * 4, and one vector exponential rescales every head. Head dims whose
+ * output parts end in 1 or 2 chunks, odd lengths, and q large enough that
+ * the running maxima move from block to block.
+ */
+static void test_token_major_groups_every_plain_dtype(void **state)
+{
+	static const enum kva_dtype dts[] = { KVA_F32, KVA_F16, KVA_BF16 };
+	static const int32_t dims[] = { 8, 40, 56, 96, 128, 256 };
+	static const int32_t groups[] = { 4, 8, 16 };
+	static const int32_t lens[] = { 1, 2, 47, 49, 97, 130 };
+	static const float amps[] = { 1, 30 };
+
+	(void)state;
+	for (unsigned i = 0; i < sizeof(dts) / sizeof(dts[0]); i++)
+		for (unsigned j = 0; j < sizeof(dims) / sizeof(dims[0]); j++)
+			for (unsigned g = 0; g < sizeof(groups) / sizeof(groups[0]); g++)
+				for (unsigned a = 0; a < 2; a++) {
+					struct run r = { .dt = dts[i], .heads = 2, .group = groups[g],
+							 .dim = dims[j], .page_size = 16, .lens = lens,
+							 .n = 6, .q_amp = amps[a],
+							 .tol = a ? 1e-4 : tolerance(dts[i]) };
+
+					check_run(&r, 3000 + 100 * i + 10 * j + 3 * g + a);
+				}
+}
+
 static void test_gqa_and_mqa_groups(void **state)
 {
 	static const int32_t groups[] = { 1, 2, 3, 4, 5, 6, 7, 8, 9, 10, 11, 12, 16 };
@@ -1715,6 +1745,7 @@ int main(void)
 
 	const struct CMUnitTest tests[] = {
 		cmocka_unit_test(test_every_dtype_and_head_dim_matches_the_reference),
+		cmocka_unit_test(test_token_major_groups_every_plain_dtype),
 		cmocka_unit_test(test_gqa_and_mqa_groups),
 		cmocka_unit_test(test_every_group_remainder_every_dtype_and_head_dim),
 		cmocka_unit_test(test_page_sizes_and_lengths_around_boundaries),
