@@ -494,7 +494,8 @@ void kva__arena_pages(const struct kva_arena *a, char *buf, size_t len)
 	int64_t huge;
 
 	if (a->dev || !a->data) {
-		snprintf(buf, len, "%s", "");
+		if (len)
+			buf[0] = '\0';
 		return;
 	}
 	if (a->hdr.flags & KVA__HDR_HUGETLB) {

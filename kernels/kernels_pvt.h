@@ -70,8 +70,10 @@ struct kva__tile {
  */
 static inline bool kva__pf_queues(int32_t kept)
 {
-	/* 7/8 of the burst: the measured counts sit at either end (TSan's
-	 * instrumented loads read 9-58 on Zen 4; only speed depends on it) */
+	/* 7/8 of the burst: the measured counts sit at either end (Zen 4
+	 * 63-64, Zen 3 21-26). Under TSan, whose instrumented loads slow the
+	 * probe, a Zen 4 read 16-55 (16 runs): either cursor may run there,
+	 * and only speed depends on it */
 	return kept >= 56;
 }
 

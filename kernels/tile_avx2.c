@@ -640,6 +640,16 @@ int kva__avx2_one_step(enum kva_dtype dt, int head_dim, int group, int kept)
 	return (lines + steps - 1) / steps <= kept ? ONE_STEP_LONG : ONE_STEP_SHORT;
 }
 
+/* head @g's output accumulators times @r: the running maximum moved */
+AI void scale_acc(const struct kva__tile *t, int g, int NC, float r)
+{
+	const __m256 rv = _mm256_set1_ps(r);
+	float *o = t->acc + (size_t)g * NC * 8;
+
+	for (int c = 0; c < NC; c++)
+		_mm256_storeu_ps(o + c * 8, _mm256_mul_ps(_mm256_loadu_ps(o + c * 8), rv));
+}
+
 /*
  * The turn of a group of G = 4, 8 or 16 heads (f32, f16, bf16: no scales to
  * fold), with the scores token-major, s[t][g], G floats a token: the 3 x 4
@@ -655,7 +665,7 @@ int kva__avx2_one_step(enum kva_dtype dt, int head_dim, int group, int kept)
 AI void tg_block(const struct kva__tile *t, const struct kva__rows *bk, struct kva__pf *pf,
 		 size_t hoff, const enum kva_dtype dt, int NC, const int G)
 {
-	const int D = NC * 8, n = bk->n, P = G >= 8 ? G / 8 : 1;
+	const int n = bk->n, P = G >= 8 ? G / 8 : 1;
 	const int nvec = (n * G + 7) / 8; /* the last one half a token's at G = 4 and n odd */
 	const __m256 minf = _mm256_set1_ps(-INFINITY);
 	_Alignas(32) float s[KVA__MAX_GROUP][ROW];
@@ -718,15 +728,8 @@ AI void tg_block(const struct kva__tile *t, const struct kva__rows *bk, struct k
 		_mm256_store_ps(r + 8 * ph, rv[ph]);
 	}
 	for (int g = 0; g < G; g++)
-		if (r[g] != 1.0f) {
-			__m256 rg = _mm256_set1_ps(r[g]);
-
-			for (int c = 0; c < NC; c++) {
-				float *o = t->acc + (size_t)g * D + c * 8;
-
-				_mm256_storeu_ps(o, _mm256_mul_ps(_mm256_loadu_ps(o), rg));
-			}
-		}
+		if (r[g] != 1.0f)
+			scale_acc(t, g, NC, r[g]);
 	for (int g0 = 0; g0 < G; g0 += 4)
 		accumulate_heads(t, bk, hoff, pf, s, g0, dt, NC, 4, 3, 1, G);
 }
@@ -735,7 +738,7 @@ AI void tg_block(const struct kva__tile *t, const struct kva__rows *bk, struct k
 AI void head_block(const struct kva__tile *t, const struct kva__rows *bk, struct kva__pf *pf,
 		   int32_t tb, size_t hoff, const enum kva_dtype dt, int NC)
 {
-	const int G = t->group, D = NC * 8, nv = (bk->n + 7) / 8;
+	const int G = t->group, nv = (bk->n + 7) / 8;
 	const __m256i lane = _mm256_setr_epi32(0, 1, 2, 3, 4, 5, 6, 7);
 	_Alignas(32) float s[KVA__MAX_GROUP][ROW];
 	_Alignas(32) float ks[KVA__BLOCK_TOKENS], vs[KVA__BLOCK_TOKENS];
@@ -791,14 +794,8 @@ AI void head_block(const struct kva__tile *t, const struct kva__rows *bk, struct
 		mb = kva_max(t->m[g], hmax8(mv));
 		r = kva_rescale(t->m[g], mb);
 		if (r != 1.0f) {
-			__m256 rv = _mm256_set1_ps(r);
-
 			t->l[g] *= r;
-			for (int c = 0; c < NC; c++) {
-				float *o = t->acc + (size_t)g * D + c * 8;
-
-				_mm256_storeu_ps(o, _mm256_mul_ps(_mm256_loadu_ps(o), rv));
-			}
+			scale_acc(t, g, NC, r);
 		}
 		t->m[g] = mb;
 		psum = _mm256_setzero_ps();
@@ -850,8 +847,9 @@ AI void tile(const struct kva__tile *t, const enum kva_dtype dt, int NC)
  * run-time stride costs a register per row, and the ones the loop runs out
  * of are reloaded from the stack every iteration. Each instance is a
  * function of its own, called once a tile: inlined all into one function,
- * the fifteen took clang with ASan and UBSan (the fuzz build) over 12
- * minutes to compile, against 3.4 before token-major scores.
+ * the fifteen took clang with ASan and UBSan (the fuzz build, on a 2-vCPU
+ * Zen 4 guest) over 12 minutes to compile; apart, 5.6 (3.4 before
+ * token-major scores).
  */
 #define TILE_INSTANCES(DT, name)                                                  \
 	static __attribute__((noinline)) void name##_128(const struct kva__tile *t) \
