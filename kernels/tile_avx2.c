@@ -25,9 +25,17 @@
  * end (README, twelfth session).
  *
  * and read each K and V line of a head once per block where the group allows
- * (all heads of a group at once): one head's rows are 256-byte pieces at a
- * token_stride of 2 KiB, which fall into 8 of L1's 64 sets, so a second pass
- * over a block finds them in L2, not L1. A block is 48 tokens (3 x 16).
+ * (all heads of a group at once). A page is [kv_head][token][head_dim], so
+ * one head's rows of a page are one piece (4 KiB at f16, head_dim 128, 16
+ * tokens: a line in each of L1's 64 sets), and a block of 48 tokens is
+ * three such pieces. Rows 2 KiB apart would fall
+ * into two sets a line and miss L1 on every pass of the output: a loop of
+ * the 4 x 3 output shape over 48 such rows took 1.58x the FMA pipes' time
+ * on Zen 4, against 1.17-1.24x over rows 256 or 2112 bytes apart. Copying
+ * a turn's V rows into one buffer first, before or during the scores,
+ * computed 0.934-0.951x as fast (group 8, paired; README, twenty-third
+ * session): the pages' own rows are no worse.
+ * A block is 48 tokens (3 x 16).
  * exp2 builds 2^n from its exponent bits (AVX2 has no vscalefps).
  *
  * Groups of 4, 8 and 16 heads over f32, f16 and bf16 keep a block's scores
