@@ -85,8 +85,20 @@ typedef int (*decode_fn)(const struct kva_kv_desc *kv, const struct kva_page_tab
 			 const void *q, enum kva_dtype q_dtype, int32_t num_q_heads, float sm_scale,
 			 void *out, float *lse, const struct kva_decode_opts *opts);
 
+/* the cache's element types: their names (as kva_dtype_name), sizes */
+static const struct {
+	const char *name;
+	enum kva_dtype dt;
+	int size;
+} dtypes[] = {
+	{ "f16", KVA_F16, 2 },	{ "bf16", KVA_BF16, 2 },	 { "f32", KVA_F32, 4 },
+	{ "fp8_e4m3", KVA_FP8_E4M3, 1 }, { "int8", KVA_INT8, 1 },
+};
+#define N_DTYPES (int)(sizeof(dtypes) / sizeof(dtypes[0]))
+
 struct ab_opts {
 	int group, threads, batch, context, rounds, kv_heads, head_dim;
+	int dt; /* dtypes[]'s */
 	long pages;
 	enum kva_isa isa;
 	const char *isa_name; /* as given to --isa */
@@ -112,8 +124,10 @@ static void usage(FILE *f)
 	fprintf(f,
 		"usage: kvarena-ab [options] LIB LIB...\n\n"
 		"kva_decode of each libkvarena build in turn, in one process, over the same\n"
-		"paged KV cache (f16, block-major pages of 16 tokens in random order). One\n"
-		"JSON line per build: its median GB/s and its median speed against the first.\n\n"
+		"paged KV cache (block-major pages of 16 tokens in random order). One JSON\n"
+		"line per build: its median GB/s and its median speed against the first.\n\n"
+		"  --dtype NAME   the cache's: f16 (default), bf16, f32, fp8_e4m3 (a scale\n"
+		"                 a KV head), int8 (a scale a token and KV head)\n"
 		"  --group N      query heads per KV head (default 4)\n"
 		"  --threads N    kva_decode threads (default 2)\n"
 		"  --batch N      sequences (default 8)\n"
@@ -154,7 +168,7 @@ static int parse(int argc, char **argv, struct ab_opts *o)
 		{ "rounds", required_argument, 0, 'r' },	 { "help", no_argument, 0, 'h' },
 		{ "one-page", no_argument, 0, '1' },	 { "hugepages", no_argument, 0, 'H' },
 		{ "pf-step", required_argument, 0, 's' }, { "memory", required_argument, 0, 'm' },
-		{ "cycle", required_argument, 0, 'y' },
+		{ "cycle", required_argument, 0, 'y' },	 { "dtype", required_argument, 0, 'T' },
 		{ 0, 0, 0, 0 }
 	};
 	int c;
@@ -174,6 +188,14 @@ static int parse(int argc, char **argv, struct ab_opts *o)
 		case 'r': o->rounds = atoi(optarg); break;
 		case '1': o->one_page = true; break;
 		case 'H': o->hugepages = true; break;
+		case 'T':
+			for (o->dt = 0; o->dt < N_DTYPES && strcmp(optarg, dtypes[o->dt].name); o->dt++)
+				;
+			if (o->dt == N_DTYPES) {
+				fprintf(stderr, "kvarena-ab: --dtype: f16, bf16, f32, fp8_e4m3 or int8\n");
+				return -EINVAL;
+			}
+			break;
 		case 'y':
 			o->n_cycles = 0;
 			for (char *p = strtok(optarg, ","); p; p = strtok(NULL, ",")) {
@@ -289,8 +311,9 @@ static int parse(int argc, char **argv, struct ab_opts *o)
 /* the cache, its page table, q and each build's output: this program's, the
  * same for every build */
 struct ab_data {
-	uint16_t *cache[2]; /* one for each --memory kind */
+	char *cache[2]; /* one for each --memory kind */
 	size_t cache_bytes;
+	float *k_scale, *v_scale; /* fp8: one a KV head; int8: one a token and KV head of each page */
 	int32_t *pages, *indptr, *last;
 	int32_t *table[2];  /* the page table's indices, for each --cycle value */
 	float *q, *out[MAX_LIBS];
@@ -304,6 +327,8 @@ static void data_free(struct ab_data *d)
 	for (int k = 0; k < 2; k++)
 		if (d->table[k] != d->pages)
 			free(d->table[k]);
+	free(d->k_scale);
+	free(d->v_scale);
 	free(d->pages);
 	free(d->indptr);
 	free(d->last);
@@ -355,20 +380,53 @@ static void *cache_map(enum ab_mem kind, size_t bytes)
 	return p;
 }
 
+/* element @e of a page: a value of magnitude [0.25, 0.5) and a random sign,
+ * or for int8 any of -127..127 (with scales of [1/256, 1/128)) */
+static void elem_make(int dt, char *page, size_t e, uint64_t r)
+{
+	switch (dtypes[dt].dt) {
+	case KVA_F32: {
+		float f = (0.25f + (float)(r & 0x3ff) / 4096.0f) * (r & 0x400 ? -1.0f : 1.0f);
+
+		memcpy(page + e * 4, &f, 4);
+		break;
+	}
+	case KVA_BF16: {
+		uint16_t h = (uint16_t)(0x3e80 + (r & 0x7f) + ((r & 0x80) << 8));
+
+		memcpy(page + e * 2, &h, 2);
+		break;
+	}
+	case KVA_FP8_E4M3: /* exponent 5 (2^-2 with bias 7), any mantissa, a sign */
+		page[e] = (char)(0x28 + (r & 7) + ((r & 8) << 4));
+		break;
+	case KVA_INT8:
+		page[e] = (char)(int)(r % 255 - 127);
+		break;
+	default: {
+		uint16_t h = (uint16_t)(0x3400 + (r & 0x3ff) + ((r & 0x400) << 5));
+
+		memcpy(page + e * 2, &h, 2);
+	}
+	}
+}
+
 /* the sequences' pages: a random choice of distinct pages of the cache (or
- * one page, the first choice, again and again), each filled with f16 values
- * of magnitude [0.25, 0.5) and a random sign; a second cache (a second
- * --memory kind) a copy of the first */
+ * one page, the first choice, again and again), each filled by elem_make();
+ * a second cache (a second --memory kind) a copy of the first */
 static int data_make(const struct ab_opts *o, int nl, struct ab_data *d)
 {
 	const int P = 16, per_seq = (o->context + P - 1) / P;
 	const size_t page_elems = (size_t)2 * o->kv_heads * P * o->head_dim;
+	const size_t page_bytes = page_elems * (size_t)dtypes[o->dt].size;
+	const size_t scales = dtypes[o->dt].dt == KVA_INT8 ? (size_t)o->pages * o->kv_heads * P
+				: (size_t)o->kv_heads;
 	const size_t used = (size_t)o->batch * per_seq;
 	const size_t qn = (size_t)o->batch * o->kv_heads * o->group * o->head_dim;
 	uint64_t seed = 0x6b766162ull;
 
 	/* a whole number of huge pages */
-	d->cache_bytes = ((size_t)o->pages * page_elems * 2 + HUGE_BYTES - 1) & ~(HUGE_BYTES - 1);
+	d->cache_bytes = ((size_t)o->pages * page_bytes + HUGE_BYTES - 1) & ~(HUGE_BYTES - 1);
 	for (int k = 0; k < o->n_mems; k++)
 		if (!(d->cache[k] = cache_map(o->mem[k], d->cache_bytes)))
 			return -ENOMEM;
@@ -376,8 +434,16 @@ static int data_make(const struct ab_opts *o, int nl, struct ab_data *d)
 	d->indptr = malloc((size_t)(o->batch + 1) * sizeof(*d->indptr));
 	d->last = malloc((size_t)o->batch * sizeof(*d->last));
 	d->q = malloc(qn * sizeof(*d->q));
-	if (!d->pages || !d->indptr || !d->last || !d->q)
+	d->k_scale = malloc(scales * sizeof(float));
+	d->v_scale = malloc(scales * sizeof(float));
+	if (!d->pages || !d->indptr || !d->last || !d->q || !d->k_scale || !d->v_scale)
 		return oom();
+	for (size_t i = 0; i < scales; i++) {
+		d->k_scale[i] = (float)(256 + bench_rand(&seed) % 256) / 65536.0f;
+		d->v_scale[i] = (float)(256 + bench_rand(&seed) % 256) / 65536.0f;
+		if (dtypes[o->dt].dt == KVA_FP8_E4M3)
+			d->k_scale[i] *= 256.0f, d->v_scale[i] *= 256.0f; /* about 1 */
+	}
 	for (int i = 0; i < nl; i++)
 		if (!(d->out[i] = calloc(qn, sizeof(float))))
 			return oom();
@@ -386,18 +452,15 @@ static int data_make(const struct ab_opts *o, int nl, struct ab_data *d)
 	for (size_t i = 0; i < used; i++) {
 		size_t j = i + bench_rand(&seed) % ((size_t)o->pages - i);
 		int32_t x = d->pages[i];
-		uint16_t *pg;
+		char *pg;
 
 		d->pages[i] = d->pages[j];
 		d->pages[j] = x;
-		pg = d->cache[0] + (size_t)d->pages[i] * page_elems;
-		for (size_t e = 0; e < page_elems; e++) {
-			uint64_t r = bench_rand(&seed);
-
-			pg[e] = (uint16_t)(0x3400 + (r & 0x3ff) + ((r & 0x400) << 5));
-		}
+		pg = d->cache[0] + (size_t)d->pages[i] * page_bytes;
+		for (size_t e = 0; e < page_elems; e++)
+			elem_make(o->dt, pg, e, bench_rand(&seed));
 		if (o->n_mems == 2)
-			memcpy(d->cache[1] + (size_t)d->pages[i] * page_elems, pg, page_elems * 2);
+			memcpy(d->cache[1] + (size_t)d->pages[i] * page_bytes, pg, page_bytes);
 	}
 	for (int k = 0; k < o->n_cycles; k++) {
 		if (!o->cycle[k]) {
@@ -430,7 +493,10 @@ static int measure(const struct ab_opts *o, const decode_fn *fn, int nl, char *c
 	struct kva_page_table pt[MAX_LIBS];
 	struct kva_decode_opts dopt[MAX_LIBS];
 	const float scale = 1.0f / sqrtf((float)D);
-	const double bytes = (double)o->batch * o->context * H * D * 2 * 2;
+	const size_t es = (size_t)dtypes[o->dt].size;
+	/* K and V, and int8's two scales a token and head */
+	const double bytes = (double)o->batch * o->context * H *
+			     ((double)D * 2 * es + (dtypes[o->dt].dt == KVA_INT8 ? 8 : 0));
 	const uint64_t turn = 20000000; /* ns: about a build's turn */
 	uint64_t one;
 	int reps, ret;
@@ -438,7 +504,7 @@ static int measure(const struct ab_opts *o, const decode_fn *fn, int nl, char *c
 	for (int i = 0; i < nl; i++) {
 		/* with two --memory kinds or --cycle values, the one build (nl 2:
 		 * twice) on each */
-		const uint16_t *c = d->cache[o->n_mems == 2 ? i : 0];
+		const char *c = d->cache[o->n_mems == 2 ? i : 0];
 
 		pt[i] = (struct kva_page_table){ .batch = o->batch, .page_size = P,
 						 .indptr = d->indptr,
@@ -447,11 +513,17 @@ static int measure(const struct ab_opts *o, const decode_fn *fn, int nl, char *c
 		dopt[i] = (struct kva_decode_opts){ .threads = o->threads, .isa = o->isa,
 						    .pf_step = o->pf_step[i] };
 		kv[i] = (struct kva_kv_desc){
-			.k = c, .v = c + (size_t)H * P * D,
+			.k = c, .v = c + (size_t)H * P * D * es,
 			.page_stride = (int64_t)2 * H * P * D, .token_stride = D,
 			.head_stride = (int64_t)P * D, .num_kv_heads = H, .head_dim = D,
-			.dtype = KVA_F16, .page_size = P, .num_pages = (int32_t)o->pages,
+			.dtype = dtypes[o->dt].dt, .page_size = P, .num_pages = (int32_t)o->pages,
+			.k_scale = d->k_scale, .v_scale = d->v_scale,
 		};
+		if (dtypes[o->dt].dt == KVA_INT8) {
+			kv[i].scale_page_stride = (int64_t)H * P;
+			kv[i].scale_head_stride = P;
+			kv[i].scale_token_stride = 1;
+		}
 	}
 	/* warm up every build (its pool, its scratch), and check that it runs */
 	for (int i = 0; i < nl; i++)
@@ -494,13 +566,13 @@ static int measure(const struct ab_opts *o, const decode_fn *fn, int nl, char *c
 		qsort(times, (size_t)R, sizeof(double), cmp_double);
 		/* a path may hold a quote or a backslash */
 		bench_json_escape(names[i], lib, sizeof(lib));
-		printf("{\"lib\":\"%s\",\"isa\":\"%s\",\"batch\":%d,\"context\":%d,\"kv_heads\":%d,"
+		printf("{\"lib\":\"%s\",\"isa\":\"%s\",\"dtype\":\"%s\",\"batch\":%d,\"context\":%d,\"kv_heads\":%d,"
 		       "\"head_dim\":%d,\"group\":%d,\"threads\":%d,\"rounds\":%d,"
 		       "\"one_page\":%s,\"hugepages\":%s,\"memory\":\"%s\",\"huge_bytes\":%" PRIu64 ","
 		       "\"cycle\":%ld,\"pf_step\":%d,\"gbps\":%.2f,\"gbps_min\":%.2f,"
 		       "\"gbps_max\":%.2f,\"speed\":%.3f,\"speed_q1\":%.3f,\"speed_q3\":%.3f,"
 		       "\"max_abs_diff\":%s}\n",
-		       lib, o->isa_name, o->batch, o->context, o->kv_heads, o->head_dim, o->group,
+		       lib, o->isa_name, dtypes[o->dt].name, o->batch, o->context, o->kv_heads, o->head_dim, o->group,
 		       o->threads, R, o->cycle[y] == 1 ? "true" : "false",
 		       o->mem[m] == MEM_HUGETLB ? "true" : "false",
 		       mem_names[o->mem[m]],
