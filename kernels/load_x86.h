@@ -22,7 +22,11 @@
 #define KVA__TARGET_AVX2 __attribute__((target("avx2,fma,f16c")))
 #define KVA__TARGET_AVX512 __attribute__((target("avx512f,avx512bw,avx512vl,fma,f16c")))
 
-/* 8 elements of a K or V row, as fp32 (without the row's scale) */
+/* what kva__load8() gives for an fp8 element of value 1 */
+#define KVA__FP8_LOAD8_UNIT 0x1p-8f
+
+/* 8 elements of a K or V row, as fp32 (without the row's scale; fp8's x
+ * KVA__FP8_LOAD8_UNIT, and its NaNs as finite values: see below) */
 KVA__AI KVA__TARGET_AVX2 __m256 kva__load8(const void *p, const enum kva_dtype dt)
 {
 	switch (dt) {
@@ -32,16 +36,24 @@ KVA__AI KVA__TARGET_AVX2 __m256 kva__load8(const void *p, const enum kva_dtype d
 		return _mm256_castsi256_ps(_mm256_slli_epi32(
 			_mm256_cvtepu16_epi32(_mm_loadu_si128((const __m128i *)p)), 16));
 	case KVA_FP8_E4M3: {
-		/* as in tile_avx512.c: e4m3 bits under a half's fields, x 2^8 */
-		__m128i x = _mm_cvtepu8_epi16(_mm_loadl_epi64((const __m128i *)p));
-		__m128i mag = _mm_and_si128(x, _mm_set1_epi16(0x7f));
-		__m128i h = _mm_or_si128(_mm_slli_epi16(mag, 7),
-					 _mm_slli_epi16(_mm_and_si128(x, _mm_set1_epi16(0x80)), 8));
-		__m256 f = _mm256_mul_ps(_mm256_cvtph_ps(h), _mm256_set1_ps(256.0f));
-		__m256 nan = _mm256_castsi256_ps(
-			_mm256_cvtepi16_epi32(_mm_cmpeq_epi16(mag, _mm_set1_epi16(0x7f))));
+		/*
+		 * e4m3 bits under a half's fields: the value x 2^-8, which the
+		 * AVX2 tile's scales take back (KVA__FP8_LOAD8_UNIT), so that
+		 * no multiply takes an FMA pipe's slot here. The byte sign-
+		 * extended and shifted left 7 puts the magnitude's 7 bits under
+		 * the half's exponent and mantissa and the sign in bit 15; bit
+		 * 14 then holds a copy of the sign, which the mask clears (a
+		 * positive byte has 0 there). Three operations and one constant:
+		 * in the tile's 4 x 3 shapes, where 15 of the 16 ymm are taken,
+		 * the conversion that also made e4m3's NaNs (0x7f, 0xff) a
+		 * half's NaN spilled an accumulator. Here they read as +-480
+		 * (x KVA__FP8_LOAD8_UNIT), and the tile finds them apart
+		 * (tile_avx2.c, fp8_any_nan).
+		 */
+		__m128i x = _mm_cvtepi8_epi16(_mm_loadl_epi64((const __m128i *)p));
 
-		return _mm256_blendv_ps(f, _mm256_set1_ps(__builtin_nanf("")), nan);
+		return _mm256_cvtph_ps(_mm_and_si128(_mm_slli_epi16(x, 7),
+						     _mm_set1_epi16((short)0xbfff)));
 	}
 	case KVA_INT8:
 		return _mm256_cvtepi32_ps(_mm256_cvtepi8_epi32(_mm_loadl_epi64((const __m128i *)p)));

@@ -38,14 +38,19 @@
  * A block is 48 tokens (3 x 16).
  * exp2 builds 2^n from its exponent bits (AVX2 has no vscalefps).
  *
- * Groups of 4, 8 and 16 heads over f32, f16 and bf16 keep a block's scores
- * token-major (tg_block: a token's scores side by side), so that the
- * softmax runs lane by lane over every head at once, and the 3 x 4 tiles'
- * sums are stored as they come; other groups, and fp8 and int8 (whose
- * per-token scales the fold applies), head-major (head_block: a head's
- * scores side by side, 8 tokens a vector). Paired on Zen 4 (README,
- * twenty-second session): group 8 1.052-1.065x as fast, group 4
- * 1.019-1.054x, group 16 1.018-1.055x.
+ * Groups of 4, 8 and 16 heads keep a block's scores token-major (tg_block:
+ * a token's scores side by side), so that the softmax runs lane by lane
+ * over every head at once, and the 3 x 4 tiles' sums are stored as they
+ * come; other groups head-major (head_block: a head's scores side by side,
+ * 8 tokens a vector). Paired on Zen 4 (README, twenty-second session):
+ * group 8 1.052-1.065x as fast, group 4 1.019-1.054x, group 16
+ * 1.018-1.055x (f16); fp8 and int8 since the twenty-third, their scales in
+ * each token's lanes.
+ *
+ * fp8 (e4m3) converts in three operations with no multiply and no NaN
+ * check (load_x86.h): the 2^8 its conversion leaves out is in the scales
+ * (block_scales), and a turn looks for NaN bytes apart (fp8_any_nan). The
+ * conversion that did both had the 4 x 3 shapes spill an accumulator.
  */
 #include <immintrin.h>
 
@@ -648,6 +653,89 @@ int kva__avx2_one_step(enum kva_dtype dt, int head_dim, int group, int kept)
 	return (lines + steps - 1) / steps <= kept ? ONE_STEP_LONG : ONE_STEP_SHORT;
 }
 
+/*
+ * A block's K and V scales, one a token (kva__scales_at), fp8's times 2^8:
+ * kva__load8() gives fp8 values times 2^-8 (KVA__FP8_LOAD8_UNIT), so that
+ * its conversion has no multiply. A power of two: the products are those
+ * of the values times the scales, bit for bit.
+ */
+AI void block_scales(const struct kva__tile *t, int32_t tb, int n, float *ks, float *vs,
+		     const enum kva_dtype dt)
+{
+	kva__scales_at(t, tb, n, t->kv_head, ks, vs);
+	if (dt == KVA_FP8_E4M3)
+		for (int i = 0; i < n; i++) {
+			ks[i] /= KVA__FP8_LOAD8_UNIT;
+			vs[i] /= KVA__FP8_LOAD8_UNIT;
+		}
+}
+
+/*
+ * fp8's NaNs. kva__load8() reads e4m3's NaN bytes (0x7f, 0xff) as finite
+ * values, so that its conversion is three operations; a turn looks for
+ * them apart, in every K and V row of the block at once (a byte b is one
+ * when b | 0x80 is 0xff: three operations a 32 bytes), and only where there
+ * are any does it mark what they reach, as the arithmetic would have: a K
+ * row's NaN makes the token's scores NaN for every head, a V row's NaN
+ * makes its column of every head's output NaN (p x NaN is NaN, also where
+ * p is 0). NaN stays NaN through the rescales, so the turn's end is as
+ * good a place for the columns as the token's.
+ */
+static inline bool fp8_nan_byte(uint8_t b)
+{
+	return (b & 0x7f) == 0x7f;
+}
+
+AI bool fp8_any_nan(const char *const *rows, int n, size_t hoff, const int RB)
+{
+	const __m256i hi = _mm256_set1_epi8((char)0x80), ones = _mm256_set1_epi8(-1);
+	__m256i acc = _mm256_setzero_si256();
+	__m128i acc8 = _mm_setzero_si128();
+
+	for (int i = 0; i < n; i++) {
+		const char *r = rows[i] + hoff;
+		int o = 0;
+
+		for (; o + 32 <= RB; o += 32)
+			acc = _mm256_or_si256(acc, _mm256_cmpeq_epi8(_mm256_or_si256(
+				_mm256_loadu_si256((const __m256i *)(const void *)(r + o)), hi), ones));
+		for (; o < RB; o += 8) /* RB is a multiple of 8 (head_dim's) */
+			acc8 = _mm_or_si128(acc8, _mm_cmpeq_epi8(_mm_or_si128(
+				_mm_loadl_epi64((const __m128i *)(const void *)(r + o)),
+				_mm256_castsi256_si128(hi)), _mm256_castsi256_si128(ones)));
+	}
+	/* the 8-byte loads' upper halves are 0, | 0x80: never 0xff */
+	return !_mm256_testz_si256(acc, acc) || !_mm_testz_si128(acc8, acc8);
+}
+
+/* the scores of tokens whose K row holds a NaN: s[t * ts + g * hs], NaN */
+static __attribute__((noinline, cold)) void fp8_nan_scores(const char *const *rows, int n,
+							   size_t hoff, int RB, float *s,
+							   size_t ts, size_t hs, int G)
+{
+	for (int i = 0; i < n; i++)
+		for (int o = 0; o < RB; o++)
+			if (fp8_nan_byte((uint8_t)rows[i][hoff + (size_t)o])) {
+				for (int g = 0; g < G; g++)
+					s[(size_t)i * ts + (size_t)g * hs] = NAN;
+				break;
+			}
+}
+
+/* the output columns some V row holds a NaN in: NaN in every head's accumulators */
+static __attribute__((noinline, cold)) void fp8_nan_columns(const struct kva__tile *t,
+							    const char *const *rows, int n,
+							    size_t hoff, int RB)
+{
+	for (int d = 0; d < RB; d++)
+		for (int i = 0; i < n; i++)
+			if (fp8_nan_byte((uint8_t)rows[i][hoff + (size_t)d])) {
+				for (int g = 0; g < t->group; g++)
+					t->acc[(size_t)g * RB + (size_t)d] = NAN;
+				break;
+			}
+}
+
 /* head @g's output accumulators times @r: the running maximum moved */
 AI void scale_acc(const struct kva__tile *t, int g, int NC, float r)
 {
@@ -659,35 +747,66 @@ AI void scale_acc(const struct kva__tile *t, int g, int NC, float r)
 }
 
 /*
- * The turn of a group of G = 4, 8 or 16 heads (f32, f16, bf16: no scales to
- * fold), with the scores token-major, s[t][g], G floats a token: the 3 x 4
+ * The per-token scales @x (kva__scales_at) in the lanes of token-major
+ * vector @k of a group of G: lanes 0-3 are token 8k / G's, 4-7 token
+ * (8k + 4) / G's (at G = 4 two tokens, at 8 and 16 one)
+ */
+AI __m256 token_lanes(const float *x, int k, const int G)
+{
+	return _mm256_setr_m128(_mm_set1_ps(x[8 * k / G]), _mm_set1_ps(x[(8 * k + 4) / G]));
+}
+
+/*
+ * The turn of a group of G = 4, 8 or 16 heads, with the scores
+ * token-major, s[t][g], G floats a token: the 3 x 4
  * score tiles store their sums as they come (no transposes), and the
  * softmax folds every head at once, lane by lane, with no horizontal
  * reduction per head and one exp2_ps for all the heads' rescales (not an
  * exp2f call each). A ymm of scores holds 2 tokens at G = 4, 1 at 8, half
  * of one at 16: the heads' lanes repeat every P = max(1, G / 8) vectors,
  * and the softmax keeps P of each running vector.
+ * fp8 and int8 fold their scales in as head_block() does, a vector at a
+ * time: the K scales into the scores before the maxima, the V scales into
+ * p after l's sum, each token's in its lanes (a pad's K scale 1 and V
+ * scale 0 keep it -inf and 0, whatever fp8's one scale a head is).
  * The prefetch steps are head_block()'s: the scores' and outputs' the
  * same, the softmax's G (6 vectors each).
  */
 AI void tg_block(const struct kva__tile *t, const struct kva__rows *bk, struct kva__pf *pf,
-		 size_t hoff, const enum kva_dtype dt, int NC, const int G)
+		 int32_t tb, size_t hoff, const enum kva_dtype dt, int NC, const int G)
 {
 	const int n = bk->n, P = G >= 8 ? G / 8 : 1;
 	const int nvec = (n * G + 7) / 8; /* the last one half a token's at G = 4 and n odd */
 	const __m256 minf = _mm256_set1_ps(-INFINITY);
 	_Alignas(32) float s[KVA__MAX_GROUP][ROW];
 	_Alignas(32) float r[16];
+	_Alignas(32) float ks[KVA__BLOCK_TOKENS], vs[KVA__BLOCK_TOKENS];
+	const bool scaled = dt == KVA_FP8_E4M3 || dt == KVA_INT8;
 	float *st = &s[0][0];
 	__m256 mv[2] = { minf, minf }, mnew[2], rv[2], psum[2];
 
+	const bool knan = dt == KVA_FP8_E4M3 && fp8_any_nan(bk->k, n, hoff, NC * 8);
+	const bool vnan = dt == KVA_FP8_E4M3 && fp8_any_nan(bk->v, n, hoff, NC * 8);
+
 	for (int g0 = 0; g0 < G; g0 += 4)
 		score_heads(t, bk, pf, hoff, g0, s, dt, NC, 3, 4, G);
-	/* a tail of half a vector (G 4, n odd): the upper 4 lanes are no token */
+	if (knan)
+		fp8_nan_scores(bk->k, n, hoff, NC * 8, st, G, 1, G);
+	/* a tail of half a vector (G 4, n odd): the upper 4 lanes are no token
+	 * (their K scale 1, V scale 0: kva__scales_at) */
 	if (G == 4 && (n & 1))
 		_mm_store_ps(st + n * G, _mm256_castps256_ps128(minf));
-	for (int k = 0; k < nvec; k++)
-		mv[k % P] = _mm256_max_ps(mv[k % P], _mm256_load_ps(st + 8 * k));
+	if (scaled)
+		block_scales(t, tb, n, ks, vs, dt);
+	for (int k = 0; k < nvec; k++) {
+		__m256 x = _mm256_load_ps(st + 8 * k);
+
+		if (scaled) { /* the K scales, stored for the exp loop */
+			x = _mm256_mul_ps(x, token_lanes(ks, k, G));
+			_mm256_store_ps(st + 8 * k, x);
+		}
+		mv[k % P] = _mm256_max_ps(mv[k % P], x);
+	}
 	for (int ph = 0; ph < P; ph++) {
 		/* the heads' maxima, in the lanes they have in a vector: at G = 4
 		 * both halves of one are the same 4 heads, folded */
@@ -719,6 +838,8 @@ AI void tg_block(const struct kva__tile *t, const struct kva__rows *bk, struct k
 			if (G == 4 && 8 * k + 8 > n * G)
 				p = _mm256_blend_ps(p, _mm256_setzero_ps(), 0xf0);
 			psum[k % P] = _mm256_add_ps(psum[k % P], p);
+			if (scaled) /* the V scales: p's weights of the rows */
+				p = _mm256_mul_ps(p, token_lanes(vs, k, G));
 			_mm256_store_ps(st + 8 * k, p);
 		}
 	}
@@ -740,6 +861,8 @@ AI void tg_block(const struct kva__tile *t, const struct kva__rows *bk, struct k
 			scale_acc(t, g, NC, r[g]);
 	for (int g0 = 0; g0 < G; g0 += 4)
 		accumulate_heads(t, bk, hoff, pf, s, g0, dt, NC, 4, 3, 1, G);
+	if (vnan)
+		fp8_nan_columns(t, bk->v, n, hoff, NC * 8);
 }
 
 /* One KV head's turn at a block: score, fold into the softmax state, accumulate. */
@@ -751,24 +874,25 @@ AI void head_block(const struct kva__tile *t, const struct kva__rows *bk, struct
 	_Alignas(32) float s[KVA__MAX_GROUP][ROW];
 	_Alignas(32) float ks[KVA__BLOCK_TOKENS], vs[KVA__BLOCK_TOKENS];
 
-	if (dt != KVA_FP8_E4M3 && dt != KVA_INT8) {
-		/* token-major scores (tg_block), each G a constant in an
-		 * instance of its own */
-		if (G == 4) {
-			tg_block(t, bk, pf, hoff, dt, NC, 4);
-			return;
-		}
-		if (G == 8) {
-			tg_block(t, bk, pf, hoff, dt, NC, 8);
-			return;
-		}
-		if (G == 16) {
-			tg_block(t, bk, pf, hoff, dt, NC, 16);
-			return;
-		}
+	/* token-major scores (tg_block), each G a constant in an instance of
+	 * its own */
+	if (G == 4) {
+		tg_block(t, bk, pf, tb, hoff, dt, NC, 4);
+		return;
 	}
+	if (G == 8) {
+		tg_block(t, bk, pf, tb, hoff, dt, NC, 8);
+		return;
+	}
+	if (G == 16) {
+		tg_block(t, bk, pf, tb, hoff, dt, NC, 16);
+		return;
+	}
+	const bool knan = dt == KVA_FP8_E4M3 && fp8_any_nan(bk->k, bk->n, hoff, NC * 8);
+	const bool vnan = dt == KVA_FP8_E4M3 && fp8_any_nan(bk->v, bk->n, hoff, NC * 8);
+
 	if (dt == KVA_FP8_E4M3 || dt == KVA_INT8)
-		kva__scales_at(t, tb, bk->n, t->kv_head, ks, vs);
+		block_scales(t, tb, bk->n, ks, vs, dt);
 	for (int g0 = 0; g0 < G; g0 += 4)
 		if (G - g0 >= 3)
 			score_heads(t, bk, pf, hoff, g0, s, dt, NC, 3, 4, 0);
@@ -776,6 +900,8 @@ AI void head_block(const struct kva__tile *t, const struct kva__rows *bk, struct
 			score_heads(t, bk, pf, hoff, g0, s, dt, NC, 6, 2, 0);
 		else
 			score_heads(t, bk, pf, hoff, g0, s, dt, NC, 12, 1, 0);
+	if (knan)
+		fp8_nan_scores(bk->k, bk->n, hoff, NC * 8, &s[0][0], 1, ROW, G);
 
 	for (int g = 0; g < G; g++) {
 		__m256 sv[KVA__BLOCK_TOKENS / 8], mv = _mm256_set1_ps(-INFINITY), psum;
@@ -824,6 +950,8 @@ AI void head_block(const struct kva__tile *t, const struct kva__rows *bk, struct
 
 	/* 8 accumulators for one or two heads (memory bounds them), 12 for more */
 	accumulate(t, bk, hoff, pf, s, dt, NC);
+	if (vnan)
+		fp8_nan_columns(t, bk->v, bk->n, hoff, NC * 8);
 }
 
 AI void tile(const struct kva__tile *t, const enum kva_dtype dt, int NC)

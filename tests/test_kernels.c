@@ -416,16 +416,17 @@ static void test_every_group_remainder_every_dtype_and_head_dim(void **state)
 }
 
 /*
- * Groups of 4, 8 and 16 heads over f32, f16 and bf16 take the AVX2 tile's
- * token-major scores (kernels/tile_avx2.c, tg_block): a ymm of scores is 2
- * tokens, 1 or half of one, an odd block end leaves half a vector at group
- * 4, and one vector exponential rescales every head. Head dims whose
+ * Groups of 4, 8 and 16 heads take the AVX2 tile's token-major scores
+ * (kernels/tile_avx2.c, tg_block): a ymm of scores is 2 tokens, 1 or half
+ * of one, an odd block end leaves half a vector at group 4, and one vector
+ * exponential rescales every head; fp8's and int8's scales go into each
+ * token's lanes (int8's differ from token to token). Head dims whose
  * output parts end in 1 or 2 chunks, odd lengths, and q large enough that
  * the running maxima move from block to block.
  */
-static void test_token_major_groups_every_plain_dtype(void **state)
+static void test_token_major_groups_every_dtype(void **state)
 {
-	static const enum kva_dtype dts[] = { KVA_F32, KVA_F16, KVA_BF16 };
+	static const enum kva_dtype dts[] = { KVA_F32, KVA_F16, KVA_BF16, KVA_FP8_E4M3, KVA_INT8 };
 	static const int32_t dims[] = { 8, 40, 56, 96, 128, 256 };
 	static const int32_t groups[] = { 4, 8, 16 };
 	static const int32_t lens[] = { 1, 2, 47, 49, 97, 130 };
@@ -1183,6 +1184,128 @@ static void test_quantized_caches_are_close_to_what_was_stored(void **state)
 	}
 }
 
+/*
+ * e4m3's two NaNs (0x7f, 0xff) in V reach the output as NaN on every ISA,
+ * in their own column of their own KV head's query heads, and nowhere
+ * else; groups of 1, 4 (token-major), 5 (head-major) and 8, with the NaN
+ * tokens in the first and the second block of 48.
+ */
+static void test_fp8_nan_in_v_reaches_only_its_column(void **state)
+{
+	static const int32_t lens[] = { 70 };
+	static const int32_t groups[] = { 1, 4, 5, 8 };
+	const int32_t D = 64, H = 2;
+
+	(void)state;
+	for (unsigned g = 0; g < sizeof(groups) / sizeof(groups[0]); g++) {
+		const int32_t G = groups[g], qh = H * G;
+		uint64_t rng = 40 + g;
+		struct cache c;
+		struct batch b;
+		float *q = malloc(sizeof(float) * (size_t)qh * D), *out = malloc(sizeof(float) * (size_t)qh * D);
+		/* token, KV head, column, byte */
+		static const int32_t nans[2][4] = { { 20, 1, 5, 0x7f }, { 60, 0, 9, 0xff } };
+
+		cache_make(&c, KVA_FP8_E4M3, 8, 16, H, D, HND, 0);
+		batch_make(&b, lens, 1, 16, 8, false, &rng);
+		fill(&c, &b, 1.0f, &rng);
+		for (int i = 0; i < 2; i++) {
+			const int32_t t = nans[i][0];
+			int64_t e = kva_kv_index(c.kv.page_stride, c.kv.token_stride, c.kv.head_stride,
+						 b.indices[t / 16], t % 16, nans[i][1]) + nans[i][2];
+
+			((uint8_t *)c.v)[e] = (uint8_t)nans[i][3];
+		}
+		for (int i = 0; i < qh * D; i++)
+			q[i] = frand(&rng);
+		for (int k = 0; k < n_isas; k++) {
+			struct kva_decode_opts o = { .isa = isas[k] };
+
+			assert_int_equal(kva_decode(&c.kv, &b.pt, q, KVA_F32, qh, 0.125f, out, NULL, &o), 0);
+			for (int32_t h = 0; h < qh; h++)
+				for (int32_t d = 0; d < D; d++) {
+					const bool nan = (h / G == 1 && d == 5) || (h / G == 0 && d == 9);
+
+					if (nan != (bool)isnan(out[h * D + d]))
+						fail_msg("isa %d group %d head %d column %d: %g", (int)isas[k],
+							 G, h, d, out[h * D + d]);
+				}
+		}
+		cache_free(&c);
+		batch_free(&b);
+		free(q);
+		free(out);
+	}
+}
+
+/*
+ * An e4m3 NaN in K is a NaN on every ISA, as one in an f32 cache is. The
+ * AVX2 tile reads fp8's NaNs as finite values and marks the scores they
+ * reach apart (tile_avx2.c, fp8_nan_scores): the same cache in f32, with
+ * NaNs in the same places, must decode to the same output on each ISA,
+ * whatever that ISA makes of a NaN score.
+ */
+static void test_fp8_nan_in_k_is_a_nan_as_in_f32(void **state)
+{
+	static const int32_t lens[] = { 70 };
+	static const int32_t groups[] = { 1, 4, 5, 8 };
+	const int32_t D = 64, H = 2, P = 16, pages = 8;
+
+	(void)state;
+	for (unsigned g = 0; g < sizeof(groups) / sizeof(groups[0]); g++) {
+		const int32_t G = groups[g], qh = H * G;
+		uint64_t rng = 50 + g;
+		struct cache c8, c32;
+		struct batch b;
+		float *q = malloc(sizeof(float) * (size_t)qh * D);
+		float *o8 = malloc(sizeof(float) * (size_t)qh * D), *o32 = malloc(sizeof(float) * (size_t)qh * D);
+		/* token, KV head, column, byte */
+		static const int32_t nans[2][4] = { { 20, 1, 3, 0x7f }, { 60, 0, 40, 0xff } };
+
+		cache_make(&c8, KVA_FP8_E4M3, pages, P, H, D, HND, 0);
+		cache_make(&c32, KVA_F32, pages, P, H, D, HND, 0);
+		batch_make(&b, lens, 1, P, pages, false, &rng);
+		fill(&c8, &b, 1.0f, &rng);
+		for (int i = 0; i < 2; i++) {
+			const int32_t t = nans[i][0];
+			int64_t e = kva_kv_index(c8.kv.page_stride, c8.kv.token_stride, c8.kv.head_stride,
+						 b.indices[t / P], t % P, nans[i][1]) + nans[i][2];
+
+			((uint8_t *)c8.k)[e] = (uint8_t)nans[i][3];
+		}
+		/* the same values in f32, the NaNs too (kva_fp8_to_f32 makes them NaN) */
+		for (int32_t pg = 0; pg < pages; pg++)
+			for (int32_t h = 0; h < H; h++)
+				for (int32_t t = 0; t < P; t++)
+					for (int32_t d = 0; d < D; d++) {
+						int64_t e = kva_kv_index(c8.kv.page_stride, c8.kv.token_stride,
+									 c8.kv.head_stride, pg, t, h) + d;
+
+						((float *)c32.k)[e] = (float)elem(&c8, c8.k, c8.k_scale, pg, t, h, d);
+						((float *)c32.v)[e] = (float)elem(&c8, c8.v, c8.v_scale, pg, t, h, d);
+					}
+		for (int i = 0; i < qh * D; i++)
+			q[i] = frand(&rng);
+		for (int k = 0; k < n_isas; k++) {
+			struct kva_decode_opts o = { .isa = isas[k] };
+
+			assert_int_equal(kva_decode(&c8.kv, &b.pt, q, KVA_F32, qh, 0.125f, o8, NULL, &o), 0);
+			assert_int_equal(kva_decode(&c32.kv, &b.pt, q, KVA_F32, qh, 0.125f, o32, NULL, &o), 0);
+			for (int32_t i = 0; i < qh * D; i++)
+				if (isnan(o8[i]) != isnan(o32[i]) ||
+				    (!isnan(o8[i]) && !(fabsf(o8[i] - o32[i]) <= 1e-5f)))
+					fail_msg("isa %d group %d: out[%d] fp8 %g, f32 %g", (int)isas[k], G,
+						 i, o8[i], o32[i]);
+		}
+		cache_free(&c8);
+		cache_free(&c32);
+		batch_free(&b);
+		free(q);
+		free(o8);
+		free(o32);
+	}
+}
+
 static void test_fp8_per_tensor_scale(void **state)
 {
 	static const int32_t lens[] = { 40 };
@@ -1745,7 +1868,7 @@ int main(void)
 
 	const struct CMUnitTest tests[] = {
 		cmocka_unit_test(test_every_dtype_and_head_dim_matches_the_reference),
-		cmocka_unit_test(test_token_major_groups_every_plain_dtype),
+		cmocka_unit_test(test_token_major_groups_every_dtype),
 		cmocka_unit_test(test_gqa_and_mqa_groups),
 		cmocka_unit_test(test_every_group_remainder_every_dtype_and_head_dim),
 		cmocka_unit_test(test_page_sizes_and_lengths_around_boundaries),
@@ -1763,6 +1886,8 @@ int main(void)
 		cmocka_unit_test(test_empty_sequence_gives_zero_and_minus_inf_lse),
 		cmocka_unit_test(test_half_precision_queries_and_outputs),
 		cmocka_unit_test(test_quantized_caches_are_close_to_what_was_stored),
+		cmocka_unit_test(test_fp8_nan_in_v_reaches_only_its_column),
+		cmocka_unit_test(test_fp8_nan_in_k_is_a_nan_as_in_f32),
 		cmocka_unit_test(test_fp8_per_tensor_scale),
 		cmocka_unit_test(test_store_round_trips_and_skips_negative_slots),
 		cmocka_unit_test(test_store_checks_every_slot_before_writing),
