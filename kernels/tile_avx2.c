@@ -28,14 +28,13 @@
  * (all heads of a group at once). A page is [kv_head][token][head_dim], so
  * one head's rows of a page are one piece (4 KiB at f16, head_dim 128, 16
  * tokens: a line in each of L1's 64 sets), and a block of 48 tokens is
- * three such pieces. Rows 2 KiB apart would fall
- * into two sets a line and miss L1 on every pass of the output: a loop of
- * the 4 x 3 output shape over 48 such rows took 1.58x the FMA pipes' time
- * on Zen 4, against 1.17-1.24x over rows 256 or 2112 bytes apart. Copying
- * a turn's V rows into one buffer first, before or during the scores,
- * computed 0.934-0.951x as fast (group 8, paired; README, twenty-third
- * session): the pages' own rows are no worse.
- * A block is 48 tokens (3 x 16).
+ * three such pieces. Rows 2 KiB apart would fall into two sets a line and
+ * miss L1 on every pass of the output: a loop of the 4 x 3 output shape
+ * over 48 such rows took 1.58x the FMA pipes' time on Zen 4, against
+ * 1.17-1.24x over rows 256 or 2112 bytes apart. Copying a turn's V rows
+ * into one buffer first, before or during the scores, computed
+ * 0.934-0.951x as fast (group 8, paired; README, twenty-third session):
+ * the pages' own rows are no worse. A block is 48 tokens (3 x 16).
  * exp2 builds 2^n from its exponent bits (AVX2 has no vscalefps).
  *
  * Groups of 4, 8 and 16 heads keep a block's scores token-major (tg_block:
@@ -722,16 +721,17 @@ static __attribute__((noinline, cold)) void fp8_nan_scores(const char *const *ro
 			}
 }
 
-/* the output columns some V row holds a NaN in: NaN in every head's accumulators */
+/* the output columns some V row holds a NaN in: NaN in every head's
+ * accumulators (@D, head_dim, is also a row's bytes at fp8) */
 static __attribute__((noinline, cold)) void fp8_nan_columns(const struct kva__tile *t,
 							    const char *const *rows, int n,
-							    size_t hoff, int RB)
+							    size_t hoff, int D)
 {
-	for (int d = 0; d < RB; d++)
+	for (int d = 0; d < D; d++)
 		for (int i = 0; i < n; i++)
 			if (fp8_nan_byte((uint8_t)rows[i][hoff + (size_t)d])) {
 				for (int g = 0; g < t->group; g++)
-					t->acc[(size_t)g * RB + (size_t)d] = NAN;
+					t->acc[(size_t)g * D + (size_t)d] = NAN;
 				break;
 			}
 }

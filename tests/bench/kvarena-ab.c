@@ -401,7 +401,7 @@ static void elem_make(int dt, char *page, size_t e, uint64_t r)
 		page[e] = (char)(0x28 + (r & 7) + ((r & 8) << 4));
 		break;
 	case KVA_INT8:
-		page[e] = (char)(int)(r % 255 - 127);
+		page[e] = (char)((int)(r % 255) - 127);
 		break;
 	default: {
 		uint16_t h = (uint16_t)(0x3400 + (r & 0x3ff) + ((r & 0x400) << 5));
