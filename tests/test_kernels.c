@@ -1187,24 +1187,26 @@ static void test_quantized_caches_are_close_to_what_was_stored(void **state)
 /*
  * e4m3's two NaNs (0x7f, 0xff) in V reach the output as NaN on every ISA,
  * in their own column of their own KV head's query heads, and nowhere
- * else; groups of 1, 4 (token-major), 5 (head-major) and 8, with the NaN
- * tokens in the first and the second block of 48.
+ * else; groups of 1, 4 (token-major), 5 (head-major) and 8, head_dim 64
+ * and 40, with the NaN tokens in the first and the second block of 48.
  */
 static void test_fp8_nan_in_v_reaches_only_its_column(void **state)
 {
 	static const int32_t lens[] = { 70 };
 	static const int32_t groups[] = { 1, 4, 5, 8 };
-	const int32_t D = 64, H = 2;
+	const int32_t H = 2;
 
 	(void)state;
-	for (unsigned g = 0; g < sizeof(groups) / sizeof(groups[0]); g++) {
-		const int32_t G = groups[g], qh = H * G;
+	/* head_dim 40: column 35 is in the last 8 bytes, which the scan reads
+	 * apart from the 32-byte pieces */
+	for (unsigned g = 0; g < 2 * sizeof(groups) / sizeof(groups[0]); g++) {
+		const int32_t G = groups[g % 4], D = g < 4 ? 64 : 40, qh = H * G;
 		uint64_t rng = 40 + g;
 		struct cache c;
 		struct batch b;
 		float *q = malloc(sizeof(float) * (size_t)qh * D), *out = malloc(sizeof(float) * (size_t)qh * D);
 		/* token, KV head, column, byte */
-		static const int32_t nans[2][4] = { { 20, 1, 5, 0x7f }, { 60, 0, 9, 0xff } };
+		static const int32_t nans[2][4] = { { 20, 1, 5, 0x7f }, { 60, 0, 35, 0xff } };
 
 		cache_make(&c, KVA_FP8_E4M3, 8, 16, H, D, HND, 0);
 		batch_make(&b, lens, 1, 16, 8, false, &rng);
@@ -1224,11 +1226,11 @@ static void test_fp8_nan_in_v_reaches_only_its_column(void **state)
 			assert_int_equal(kva_decode(&c.kv, &b.pt, q, KVA_F32, qh, 0.125f, out, NULL, &o), 0);
 			for (int32_t h = 0; h < qh; h++)
 				for (int32_t d = 0; d < D; d++) {
-					const bool nan = (h / G == 1 && d == 5) || (h / G == 0 && d == 9);
+					const bool nan = (h / G == 1 && d == 5) || (h / G == 0 && d == 35);
 
 					if (nan != (bool)isnan(out[h * D + d]))
-						fail_msg("isa %d group %d head %d column %d: %g", (int)isas[k],
-							 G, h, d, out[h * D + d]);
+						fail_msg("isa %d group %d head_dim %d head %d column %d: %g",
+							 (int)isas[k], G, D, h, d, out[h * D + d]);
 				}
 		}
 		cache_free(&c);
