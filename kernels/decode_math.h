@@ -106,17 +106,24 @@ KVA_HD uint16_t kva_f32_to_bf16(float f)
 	return (uint16_t)((u + 0x7fffu + ((u >> 16) & 1u)) >> 16);
 }
 
+/* 1 if e4m3 byte @x is one of its two NaNs (S.1111.111), else 0 */
+KVA_HD int kva_fp8_is_nan(uint8_t x)
+{
+	return (x & 0x7fu) == 0x7fu;
+}
+
 /*
  * fp8 e4m3 ("fn": no infinities, S.1111.111 is NaN, largest finite 448) to
  * float. Its bits, moved under a half's exponent and mantissa, are a half
  * 2^8 times too small: that holds for subnormals too, and is how the SIMD
- * paths convert (shift, vcvtph2ps, multiply).
+ * paths convert (shift, vcvtph2ps; the AVX-512 tile multiplies by 2^8, the
+ * AVX2 tile's scales carry it).
  */
 KVA_HD float kva_fp8_to_f32(uint8_t x)
 {
 	const uint16_t h = (uint16_t)(((x & 0x7fu) << 7) | ((x & 0x80u) << 8));
 	const uint32_t f = kva_f32_bits(kva_f16_to_f32(h) * 256.0f);
-	const uint32_t nan = 0u - (uint32_t)((x & 0x7fu) == 0x7fu); /* a mask, as above */
+	const uint32_t nan = 0u - (uint32_t)kva_fp8_is_nan(x); /* a mask, as above */
 
 	return kva_bits_f32((f & ~nan) | ((0x7fc00000u | (uint32_t)(x & 0x80u) << 24) & nan));
 }

@@ -28,13 +28,9 @@
  * (all heads of a group at once). A page is [kv_head][token][head_dim], so
  * one head's rows of a page are one piece (4 KiB at f16, head_dim 128, 16
  * tokens: a line in each of L1's 64 sets), and a block of 48 tokens is
- * three such pieces. Rows 2 KiB apart would fall into two sets a line and
- * miss L1 on every pass of the output: a loop of the 4 x 3 output shape
- * over 48 such rows took 1.58x the FMA pipes' time on Zen 4, against
- * 1.17-1.24x over rows 256 or 2112 bytes apart. Copying a turn's V rows
- * into one buffer first, before or during the scores, computed
- * 0.934-0.951x as fast (group 8, paired; README, twenty-third session):
- * the pages' own rows are no worse. A block is 48 tokens (3 x 16).
+ * three such pieces. Copying a turn's V rows into one buffer first, before
+ * or during the scores, computed 0.934-0.951x as fast (group 8, paired on
+ * Zen 4; README, twenty-third session). A block is 48 tokens (3 x 16).
  * exp2 builds 2^n from its exponent bits (AVX2 has no vscalefps).
  *
  * Groups of 4, 8 and 16 heads keep a block's scores token-major (tg_block:
@@ -680,11 +676,6 @@ AI void block_scales(const struct kva__tile *t, int32_t tb, int n, float *ks, fl
  * p is 0). NaN stays NaN through the rescales, so the turn's end is as
  * good a place for the columns as the token's.
  */
-static inline bool fp8_nan_byte(uint8_t b)
-{
-	return (b & 0x7f) == 0x7f;
-}
-
 AI bool fp8_any_nan(const char *const *rows, int n, size_t hoff, const int RB)
 {
 	const __m256i hi = _mm256_set1_epi8((char)0x80), ones = _mm256_set1_epi8(-1);
@@ -714,7 +705,7 @@ static __attribute__((noinline, cold)) void fp8_nan_scores(const char *const *ro
 {
 	for (int i = 0; i < n; i++)
 		for (int o = 0; o < RB; o++)
-			if (fp8_nan_byte((uint8_t)rows[i][hoff + (size_t)o])) {
+			if (kva_fp8_is_nan((uint8_t)rows[i][hoff + (size_t)o])) {
 				for (int g = 0; g < G; g++)
 					s[(size_t)i * ts + (size_t)g * hs] = NAN;
 				break;
@@ -729,7 +720,7 @@ static __attribute__((noinline, cold)) void fp8_nan_columns(const struct kva__ti
 {
 	for (int d = 0; d < D; d++)
 		for (int i = 0; i < n; i++)
-			if (fp8_nan_byte((uint8_t)rows[i][hoff + (size_t)d])) {
+			if (kva_fp8_is_nan((uint8_t)rows[i][hoff + (size_t)d])) {
 				for (int g = 0; g < t->group; g++)
 					t->acc[(size_t)g * D + (size_t)d] = NAN;
 				break;

@@ -85,7 +85,8 @@ typedef int (*decode_fn)(const struct kva_kv_desc *kv, const struct kva_page_tab
 			 const void *q, enum kva_dtype q_dtype, int32_t num_q_heads, float sm_scale,
 			 void *out, float *lse, const struct kva_decode_opts *opts);
 
-/* the cache's element types: their names (as kva_dtype_name), sizes */
+/* the cache's element types: their names (as kva_dtype_name), sizes; a
+ * table of its own, since this program links no build of the library */
 static const struct {
 	const char *name;
 	enum kva_dtype dt;
