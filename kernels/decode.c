@@ -31,6 +31,7 @@ struct plan {
 	void *out;
 	float *lse;
 	kva__tile_fn tile;
+	kva__axpy_fn axpy;         /* the merge's y += a x, the tile's ISA */
 	int32_t one_step;          /* struct kva__tile's */
 	bool pf_queue;             /* struct kva__tile's */
 	int32_t split_tokens, max_splits;
@@ -39,7 +40,10 @@ struct plan {
 	uint32_t *tile0;
 	int32_t *split_len, *splits;
 	uint32_t tiles;
-	float *qf;                 /* [batch][num_q_heads][head_dim]: q * q_scale */
+	float *qf;                 /* [batch][num_q_heads][head_dim]: q * q_scale, or
+				    * [batch][kv_heads][head_dim / w][16] (gp) */
+	int32_t gp, w;             /* the AVX-512 tile's sliced groups: kva__avx512_gp(), 16 / gp */
+	size_t q_stride;           /* floats of qf a KV head */
 	/* per tile: m[span][group], l[span][group], acc[span][group][head_dim] */
 	float *part;
 	size_t part_stride;        /* floats per tile */
@@ -217,9 +221,29 @@ static void run_q(void *ctx, uint32_t b)
 {
 	const struct plan *p = ctx;
 	size_t n = (size_t)p->num_q_heads * p->head_dim, base = (size_t)b * n;
+	int32_t heads = p->num_q_heads / p->group;
 
-	for (size_t i = 0; i < n; i++)
-		p->qf[base + i] = load_q(p->q, p->q_dtype, base + i) * p->q_scale;
+	if (!p->gp) {
+		for (size_t i = 0; i < n; i++)
+			p->qf[base + i] = load_q(p->q, p->q_dtype, base + i) * p->q_scale;
+		return;
+	}
+	/* sliced (kernels_pvt.h, kva__avx512_gp): row r of a KV head, lane
+	 * g * w + j, is q[g][r * w + j]; a pad head's lanes are 0 */
+	for (int32_t h = 0; h < heads; h++) {
+		float *o = p->qf + ((size_t)b * heads + (size_t)h) * p->q_stride;
+
+		for (int32_t r = 0; r < p->head_dim / p->w; r++)
+			for (int32_t lane = 0; lane < 16; lane++) {
+				int32_t g = lane / p->w, d = r * p->w + lane % p->w;
+
+				o[r * 16 + lane] = g < p->group
+					? load_q(p->q, p->q_dtype,
+						 base + ((size_t)h * p->group + (size_t)g) * p->head_dim +
+							 (size_t)d) * p->q_scale
+					: 0.0f;
+			}
+	}
 }
 
 /* tile @tile of the plan; false if its sequence is empty */
@@ -240,7 +264,8 @@ static bool tile_at(const struct plan *p, uint32_t tile, struct kva__tile *t)
 		.kv_head = h0,
 		.heads = heads,
 		.group = p->group,
-		.q = p->qf + ((size_t)b * p->num_q_heads + (size_t)h0 * p->group) * p->head_dim,
+		.q = p->qf + ((size_t)b * p->kv->num_kv_heads + (size_t)h0) * p->q_stride,
+		.q_stride = p->q_stride,
 		.m = part,
 		.l = part + (size_t)p->span * p->group,
 		.acc = part + 2 * (size_t)p->span * p->group,
@@ -275,6 +300,21 @@ static void run_tile(void *ctx, uint32_t tile, uint32_t next, bool warm)
 	memset(t.acc, 0, sizeof(float) * (size_t)t.heads * p->group * p->head_dim);
 }
 
+static void axpy_scalar(float *y, const float *x, float a, int32_t n)
+{
+	for (int32_t i = 0; i < n; i++)
+		y[i] += a * x[i];
+}
+
+/*
+ * One query head's splits, merged: the largest maximum M first, then each
+ * split weighted by 2^(m - M) (kva_rescale) into one sum, in split order.
+ * The same as merging them pairwise (kva_merge_weights, as decode.cu does
+ * per element), with one weight a split, not two, and one multiply-add an
+ * element, not three: in the splits' pairwise merge, scalar, a tenth of a
+ * decode's time went here (group 8, both vector paths, Intel Xeon family
+ * 6 model 207, README).
+ */
 static void run_merge(void *ctx, uint32_t task)
 {
 	const struct plan *p = ctx;
@@ -284,21 +324,21 @@ static void run_merge(void *ctx, uint32_t task)
 	/* the head's place in its tile's span */
 	size_t at = (size_t)(h - j * p->span) * p->group + (size_t)(qh % p->group);
 	size_t sg = (size_t)p->span * p->group;
-	float acc[KVA__MAX_HEAD_DIM], m = -INFINITY, l = 0.0f;
+	_Alignas(64) float acc[KVA__MAX_HEAD_DIM];
+	float m = -INFINITY, l = 0.0f;
 	size_t obase = ((size_t)b * p->num_q_heads + (size_t)qh) * p->head_dim;
+	const float *part0 = p->part + (size_t)p->tile0[b] * p->part_stride;
+	const size_t split_stride = (size_t)p->spans * p->part_stride;
 
 	memset(acc, 0, sizeof(float) * p->head_dim);
+	for (int32_t s = 0; s < n; s++)
+		m = kva_max(m, part0[(size_t)s * split_stride + (size_t)j * p->part_stride + at]);
 	for (int32_t s = 0; s < n; s++) {
-		const float *part = p->part + (size_t)(p->tile0[b] + (uint32_t)(s * p->spans + j)) *
-						      p->part_stride;
-		const float *src = part + 2 * sg + at * p->head_dim;
-		float mm, wa, wb;
+		const float *part = part0 + (size_t)s * split_stride + (size_t)j * p->part_stride;
+		const float w = kva_rescale(part[at], m);
 
-		kva_merge_weights(m, part[at], &mm, &wa, &wb);
-		l = l * wa + part[sg + at] * wb;
-		for (int32_t d = 0; d < p->head_dim; d++)
-			acc[d] = acc[d] * wa + src[d] * wb;
-		m = mm;
+		l += w * part[sg + at];
+		p->axpy(acc, part + 2 * sg + at * p->head_dim, w, p->head_dim);
 	}
 	for (int32_t d = 0; d < p->head_dim; d++)
 		store_out(p->out, p->q_dtype, obase + (size_t)d, l > 0.0f ? acc[d] / l : 0.0f);
@@ -372,6 +412,8 @@ int kva_decode(const struct kva_kv_desc *kv, const struct kva_page_table *pt, co
 	p.tile = pick(o.isa, kv->head_dim, &ret);
 	if (!p.tile)
 		return ret;
+	p.axpy = p.tile == kva__tile_avx512 ? kva__axpy_avx512
+		 : p.tile == kva__tile_avx2 ? kva__axpy_avx2 : axpy_scalar;
 	/* the AVX2 tile's steps and cursor, for this CPU unless the caller
 	 * chose the step */
 	p.one_step = o.pf_step ? o.pf_step : KVA__BLOCK_TOKENS;
@@ -391,6 +433,9 @@ int kva_decode(const struct kva_kv_desc *kv, const struct kva_page_table *pt, co
 	p.num_q_heads = num_q_heads;
 	p.group = num_q_heads / kv->num_kv_heads;
 	p.head_dim = kv->head_dim;
+	p.gp = p.tile == kva__tile_avx512 ? kva__avx512_gp(p.group, kv->head_dim) : 0;
+	p.w = p.gp ? 16 / p.gp : 1;
+	p.q_stride = (size_t)(p.gp ? p.gp : p.group) * (size_t)kv->head_dim;
 	p.q_scale = sm_scale * KVA_LOG2E;
 	p.out = out;
 	p.lse = lse;
@@ -427,17 +472,19 @@ int kva_decode(const struct kva_kv_desc *kv, const struct kva_page_table *pt, co
 		p.tiles += (uint32_t)p.splits[b] * (uint32_t)p.spans;
 	}
 	p.part_stride = (size_t)p.span * p.group * (2 + (size_t)kv->head_dim);
-	qbytes = sizeof(float) * (size_t)pt->batch * (size_t)num_q_heads * (size_t)kv->head_dim;
+	qbytes = sizeof(float) * (size_t)pt->batch * (size_t)kv->num_kv_heads * p.q_stride;
 	qbytes = (qbytes + 63) & ~(size_t)63;
-	bytes = meta + qbytes + sizeof(float) * p.part_stride * p.tiles;
+	/* 64 bytes more, so that qf starts on a line (the AVX-512 tile loads
+	 * a row of sliced q as one zmm) */
+	bytes = meta + 64 + qbytes + sizeof(float) * p.part_stride * p.tiles;
 	buf = scratch(bytes);
 	if (!buf)
 		return -ENOMEM;
 	p.tile0 = (uint32_t *)buf; /* it may have moved */
 	p.split_len = (int32_t *)(p.tile0 + pt->batch);
 	p.splits = p.split_len + pt->batch;
-	p.qf = (float *)(buf + meta);
-	p.part = (float *)(buf + meta + qbytes);
+	p.qf = (float *)(buf + meta + (-(uintptr_t)(buf + meta) & 63));
+	p.part = p.qf + qbytes / sizeof(float);
 
 	kva__parallel(threads, (uint32_t)pt->batch, run_q, &p);
 	kva__parallel_ahead(threads, p.tiles, run_tile, &p);

@@ -293,8 +293,10 @@ kva_cuda_tile(const kva__cuda_decode_args a)
 
 /* ------------------------------------------------------------ phase 2 */
 
-/* Each thread merges the splits for its elements in split order, exactly as
- * decode.c's run_merge does per element. */
+/* Each thread merges the splits for its elements in split order, pairwise
+ * (kva_merge_weights); decode.c's run_merge takes the largest maximum first
+ * and weights each split once (kva_rescale): the same sums in exact
+ * arithmetic, one multiply-add an element where a CPU core does them all. */
 extern "C" __global__ void __launch_bounds__(KVA__CUDA_ROW_THREADS)
 kva_cuda_merge(const kva__cuda_decode_args a)
 {

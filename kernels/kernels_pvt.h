@@ -42,7 +42,10 @@ struct kva__tile {
 	int32_t kv_head;       /* the span: KV heads [kv_head, kv_head + heads) */
 	int32_t heads;
 	int32_t group;         /* query heads per KV head, 1..KVA__MAX_GROUP */
-	const float *q;        /* [heads][group][head_dim]: q * sm_scale * log2(e), fp32 */
+	const float *q;        /* [heads][group][head_dim]: q * sm_scale * log2(e), fp32;
+				* for the AVX-512 tile's sliced groups [heads][head_dim / W][16]
+				* (kva__avx512_gp) */
+	size_t q_stride;       /* floats from one KV head's q to the next's */
 	float *acc;            /* [heads][group][head_dim] out */
 	float *m, *l;          /* [heads][group] out */
 	/* the tile this thread runs next (NULL: none), whose first block the
@@ -77,6 +80,23 @@ static inline bool kva__pf_queues(int32_t kept)
 	return kept >= 56;
 }
 
+/*
+ * The AVX-512 tile's sliced scores (tile_avx512.c): a group of 3 to 16
+ * query heads padded to GP = 4, 8 or 16, each zmm of score sums GP heads x
+ * W = 16 / GP slices of head_dim, for head_dim up to 256 (its K rows in fp32
+ * on the stack). 0: dot products, q as it is. Where it is not 0 the driver
+ * lays each KV head's q out as [head_dim / W][16] (decode.c): lane g * W + j
+ * of row r is q[g][r * W + j], 0 for a pad head (g >= group).
+ */
+#define KVA__SLICED_MAX_DIM 256
+
+static inline int kva__avx512_gp(int32_t group, int32_t head_dim)
+{
+	if (group < 3 || group > 16 || head_dim > KVA__SLICED_MAX_DIM)
+		return 0;
+	return group <= 4 ? 4 : group <= 8 ? 8 : 16;
+}
+
 /* The tile as its @i-th head sees it: a span of one. */
 static inline void kva__tile_head(const struct kva__tile *t, int32_t i, struct kva__tile *h)
 {
@@ -85,7 +105,7 @@ static inline void kva__tile_head(const struct kva__tile *t, int32_t i, struct k
 	*h = *t;
 	h->kv_head = t->kv_head + i;
 	h->heads = 1;
-	h->q = t->q + gq * (size_t)t->kv->head_dim;
+	h->q = t->q + (size_t)i * t->q_stride;
 	h->acc = t->acc + gq * (size_t)t->kv->head_dim;
 	h->m = t->m + gq;
 	h->l = t->l + gq;
@@ -98,6 +118,11 @@ void kva__tile_scalar(const struct kva__tile *t);
 /* tile_avx2.c, tile_avx512.c: head_dim a multiple of 8 / 16 */
 void kva__tile_avx2(const struct kva__tile *t);
 void kva__tile_avx512(const struct kva__tile *t);
+/* y[0, n) += a x[0, n): the splits' merge (decode.c), in the tile's ISA;
+ * n a multiple of 8 (AVX2), 16 (AVX-512) */
+typedef void (*kva__axpy_fn)(float *y, const float *x, float a, int32_t n);
+void kva__axpy_avx2(float *y, const float *x, float a, int32_t n);
+void kva__axpy_avx512(float *y, const float *x, float a, int32_t n);
 /* tile_avx2.c: the one_step the AVX2 tile takes for @dt, @head_dim (a
  * multiple of 8), @group, on a core that keeps @kept of a burst of 64
  * prefetches (0: not known). Plain integer code, but compiled with AVX2:
@@ -459,6 +484,9 @@ static inline void kva__pf_step(struct kva__pf *pf)
  *   whole span is 48 tokens x 8 heads x 512 bytes (f16, head_dim 128) =
  *   192 KiB, which takes longer to compute than memory takes to answer;
  *   two ahead measured no better on either path at group 1 or 4 (Zen 4).
+ *   Neither tile takes it now: the AVX-512 tile did until the twenty-
+ *   fourth session, when a turn ahead read 1.08-1.13x as fast on Intel
+ *   Xeon family 6 model 207 (groups 1 to 16, out of cache).
  *
  * - a head's turn ahead (turns true): while head h computes its turn at
  *   block k, the cursor prefetches the turn that comes next: head h + 1's

@@ -1027,3 +1027,11 @@ void kva__tile_avx2(const struct kva__tile *t)
 		return;
 	}
 }
+
+void kva__axpy_avx2(float *y, const float *x, float a, int32_t n)
+{
+	const __m256 av = _mm256_set1_ps(a);
+
+	for (int32_t i = 0; i < n; i += 8)
+		_mm256_storeu_ps(y + i, _mm256_fmadd_ps(av, _mm256_loadu_ps(x + i), _mm256_loadu_ps(y + i)));
+}

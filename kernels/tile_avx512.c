@@ -3,16 +3,28 @@
  * tile_avx512.c - the decode tile with AVX-512 (head_dim a multiple of 16),
  * the same steps as tile_scalar.c, arranged to keep up with memory.
  *
- * Scores: a block of tokens x query heads is scored 16 dot products at a
- * time (16 tokens x 1 head, 8 x 2 or 4 x 4: each K chunk converted once is
- * used by the whole group), each dot accumulated in a zmm across head_dim and
- * the 16 reduced together by one transposed reduction (about 3 instructions
- * a score). Softmax: the block's scores are folded into the running max and
- * exponentiated 16 at a time (exp2 by a polynomial and vscalefps). Output:
- * each V chunk, converted once, is multiplied into every head's accumulator.
- * The next block's rows are prefetched while this one is computed (pages are
- * scattered, and the hardware prefetcher does not cross them), by the cursor
- * of kernels_pvt.h: a step every score16 and every ACC_STEP V rows of a part.
+ * Groups of 3 to 16 query heads (head_dim up to 256) score sliced (sl_block
+ * below): each K element converted once for the whole group, W = 16 / GP
+ * consecutive elements of a row broadcast to every head, no dot-product
+ * reductions; their softmax runs lane by lane over every head at once, and
+ * the output takes every head of the group for each V chunk converted.
+ *
+ * Groups of 1 and 2 (and past 16) score dot products: a block of tokens x
+ * query heads 16 at a time (16 tokens x 1 head, 8 x 2 or 4 x 4: each K
+ * chunk converted once is used by the whole group), each dot accumulated
+ * in a zmm across head_dim and the 16 reduced together by one transposed
+ * reduction (about 3 instructions a score). Softmax: the block's scores
+ * are folded into each head's running max and exponentiated 16 at a time
+ * (exp2 by a polynomial and vscalefps). Output: each V chunk, converted
+ * once, is multiplied into every head's accumulator.
+ *
+ * The next turn's rows (a head's at a block, kernels_pvt.h) are prefetched
+ * while this one is computed (pages are scattered, and the hardware
+ * prefetcher does not cross them), by the cursor of kernels_pvt.h, as in
+ * the AVX2 tile: paired on Intel Xeon family 6 model 207 against a block
+ * ahead (what this tile took before), out of cache, 2 threads, one run in
+ * each order: group 1 1.09-1.10x as fast, 4 1.11-1.13x, 8 1.08-1.12x, 16
+ * 1.11x (README, twenty-fourth session).
  */
 #include <immintrin.h>
 
@@ -258,9 +270,14 @@ AI void parts(const struct kva__tile *t, const struct kva__rows *bk, size_t hoff
  */
 AI void accumulate(const struct kva__tile *t, const struct kva__rows *bk, size_t hoff,
 		   struct kva__pf *nx, float s[][KVA__BLOCK_TOKENS],
-		   const enum kva_dtype dt, int NC)
+		   const enum kva_dtype dt, int NC, const bool ALL)
 {
 	const int G = t->group;
+
+	/* groups of 3 or more take the dot products only in the generic
+	 * instance (tile_any below): in the others they are sliced */
+	if (!ALL && G > 2)
+		return;
 
 	switch (NC) {
 	case 4:
@@ -308,16 +325,352 @@ AI void accumulate(const struct kva__tile *t, const struct kva__rows *bk, size_t
 	}
 }
 
+/* ------------------------------------------- sliced scores: groups 3 to 16 */
+
+/*
+ * A group of 3 to 16 query heads, padded to GP = 4, 8 or 16 (kva__avx512_gp):
+ * each zmm of score sums is one token's GP heads x W = 16 / GP slices of
+ * head_dim, lane g * W + j summing q[g][d] k[d] over the
+ * d = j mod W. One FMA takes W consecutive elements of the token's K row,
+ * repeated over the zmm (vbroadcastss, vbroadcastsd, vbroadcastf32x4: a
+ * load, no shuffle), times a row of q laid out to match (decode.c:
+ * [head_dim / W][16]). So each K element is converted once for every head
+ * of the group (into 12 rows of fp32 on the stack, then read from L1), and
+ * a score costs log2(W) shuffles to fold its slices, where a dot product's
+ * 16 lanes took about 2 (30 for 16 scores) on the port the FMAs share.
+ *
+ * Why: on a core where a zmm conversion takes both FMA ports for a cycle
+ * (Intel Xeon family 6 model 207, AVX-512), the dot products' 4 x 4 shapes
+ * converted each K and V element twice at group 8 and spent a third of
+ * the FMAs' time again on reductions. In a throwaway loop over one block
+ * in L1 (gcc -O3, the same core), scores at group 8 took 16.4 ns a token
+ * against 24.1, at group 4 9.8 against 11.6; the output with each V chunk
+ * converted once for 8 heads (8 x 2 accumulators, below) 15.3 against 18.2.
+ *
+ * A block's scores, folded, are W tokens x GP heads a vector: token tt's
+ * head g in lane sl_lane(tt, g), vector i / W for token i, and stay so
+ * through the softmax (lane by lane, every head at once), into p, which
+ * the output broadcasts from there. Pad heads (g >= group) have q 0 and
+ * are masked to p = 0; their accumulators are never loaded or stored.
+ */
+#define SL_TB 12 /* tokens a pass over q: 12 accumulators */
+_Static_assert(KVA__BLOCK_TOKENS % SL_TB == 0, "a block is whole 12-token passes");
+
+/* lane of token tt (of W) and head g (of 16 / W) in a folded score vector */
+AI int sl_lane(int tt, int g, const int W)
+{
+	return W == 1 ? g : W == 2 ? 4 * (g >> 1) + 2 * tt + (g & 1) : 4 * g + tt;
+}
+
+/* lane -> its head: the index vector that spreads a head-major vector over
+ * the lanes, and lane of token 0 of each head: the one that gathers it back */
+AI __m512i sl_heads(const int W)
+{
+	int32_t ix[16];
+
+	for (int l = 0; l < 16; l++)
+		ix[l] = W == 1 ? l : W == 2 ? 2 * (l >> 2) + (l & 1) : l >> 2;
+	return _mm512_loadu_si512((const void *)ix);
+}
+
+AI __m512i sl_firsts(const int W)
+{
+	int32_t ix[16];
+
+	for (int g = 0; g < 16; g++)
+		ix[g] = g < 16 / W ? sl_lane(0, g, W) : 0;
+	return _mm512_loadu_si512((const void *)ix);
+}
+
+/* lanes of tokens below m (1..W) of a vector */
+AI __mmask16 sl_tokens(int m, const int W)
+{
+	if (W == 1 || m >= W)
+		return 0xffff;
+	if (W == 2)
+		return 0x3333; /* m == 1: tt 0 is bit 1 of the lane clear */
+	return m == 1 ? 0x1111 : m == 2 ? 0x3333 : 0x7777;
+}
+
+/* lanes of heads below G */
+AI __mmask16 sl_live_heads(int G, const int W)
+{
+	__mmask16 k = 0;
+
+	for (int l = 0; l < 16; l++) {
+		const int g = W == 1 ? l : W == 2 ? 2 * (l >> 2) + (l & 1) : l >> 2;
+
+		if (g < G)
+			k |= (__mmask16)(1u << l);
+	}
+	return k;
+}
+
+/* W consecutive floats at p, repeated over 16 lanes */
+AI __m512 sl_bcast(const float *p, const int W)
+{
+	if (W == 1)
+		return _mm512_broadcastss_ps(_mm_load_ss(p));
+	if (W == 2)
+		return _mm512_castpd_ps(_mm512_broadcastsd_pd(_mm_load_sd((const double *)(const void *)p)));
+	return _mm512_broadcast_f32x4(_mm_loadu_ps(p));
+}
+
+/* the same tokens' lanes of x: the max (or sum) of each head's W tokens in each */
+AI __m512 sl_fold_max(__m512 x, const int W)
+{
+	if (W == 2)
+		return _mm512_max_ps(x, _mm512_permute_ps(x, _MM_SHUFFLE(1, 0, 3, 2)));
+	if (W == 4) {
+		x = _mm512_max_ps(x, _mm512_permute_ps(x, _MM_SHUFFLE(2, 3, 0, 1)));
+		return _mm512_max_ps(x, _mm512_permute_ps(x, _MM_SHUFFLE(1, 0, 3, 2)));
+	}
+	return x;
+}
+
+AI __m512 sl_fold_add(__m512 x, const int W)
+{
+	if (W == 2)
+		return _mm512_add_ps(x, _mm512_permute_ps(x, _MM_SHUFFLE(1, 0, 3, 2)));
+	if (W == 4) {
+		x = _mm512_add_ps(x, _mm512_permute_ps(x, _MM_SHUFFLE(2, 3, 0, 1)));
+		return _mm512_add_ps(x, _mm512_permute_ps(x, _MM_SHUFFLE(1, 0, 3, 2)));
+	}
+	return x;
+}
+
+/* per-token scales x[] (kva__scales_at) in the lanes of vector k's tokens */
+AI __m512 sl_token_scales(const float *x, int k, const int W)
+{
+	if (W == 1)
+		return _mm512_set1_ps(x[k]);
+	if (W == 2) /* lane l's token is bit 1 of l */
+		return _mm512_permute_ps(_mm512_castpd_ps(_mm512_broadcastsd_pd(
+						 _mm_load_sd((const double *)(const void *)(x + 2 * k)))),
+					 _MM_SHUFFLE(1, 1, 0, 0));
+	return _mm512_broadcast_f32x4(_mm_loadu_ps(x + 4 * k)); /* bits 0-1 */
+}
+
+/*
+ * Scores of tokens [i, i + 12) of the block into vectors i / W.. of s (a
+ * row past the block's end is its first row again, which the softmax
+ * masks): the 12 K rows converted into kf, then one pass over q, each q row
+ * loaded once for the 12 tokens.
+ */
+AI void sl_scores(const struct kva__tile *t, const struct kva__rows *bk, size_t hoff, int i,
+		  float *s, float *kf, const enum kva_dtype dt, int NC, const int W)
+{
+	const int D = NC * 16;
+	const size_t esize = kva__esize(dt);
+	const float *qb = t->q;
+	__m512 a[SL_TB];
+
+	for (int j = 0; j < SL_TB; j++) {
+		const char *row = bk->k[i + j < bk->n ? i + j : 0] + hoff;
+
+		for (int c = 0; c < NC; c++)
+			_mm512_store_ps(kf + j * D + c * 16, kva__load16(row + (size_t)c * 16 * esize, dt));
+	}
+	for (int j = 0; j < SL_TB; j++)
+		a[j] = _mm512_setzero_ps();
+	for (int d = 0; d < D; d += W, qb += 16) {
+		const __m512 q = _mm512_load_ps(qb);
+
+		for (int j = 0; j < SL_TB; j++)
+			a[j] = _mm512_fmadd_ps(sl_bcast(kf + j * D + d, W), q, a[j]);
+	}
+	/* fold the slices: W tokens' GP heads a vector */
+	s += (size_t)(i / W) * 16;
+	if (W == 1) {
+		for (int j = 0; j < SL_TB; j++)
+			_mm512_store_ps(s + 16 * j, a[j]);
+	} else if (W == 2) {
+		/* in each 128-bit lane (heads 2L, 2L + 1, a slice pair each),
+		 * token j's pairs summed, then token j + 1's */
+		for (int j = 0; j < SL_TB; j += 2)
+			_mm512_store_ps(s + 8 * j, _mm512_add_ps(
+				_mm512_shuffle_ps(a[j], a[j + 1], _MM_SHUFFLE(2, 0, 2, 0)),
+				_mm512_shuffle_ps(a[j], a[j + 1], _MM_SHUFFLE(3, 1, 3, 1))));
+	} else {
+		/* a 128-bit lane is one head's 4 slices: 4 tokens' sums of them */
+		for (int j = 0; j < SL_TB; j += 4) {
+			__m512 x0 = _mm512_add_ps(_mm512_unpacklo_ps(a[j], a[j + 1]),
+						  _mm512_unpackhi_ps(a[j], a[j + 1]));
+			__m512 x1 = _mm512_add_ps(_mm512_unpacklo_ps(a[j + 2], a[j + 3]),
+						  _mm512_unpackhi_ps(a[j + 2], a[j + 3]));
+			__m512d y0 = _mm512_castps_pd(x0), y1 = _mm512_castps_pd(x1);
+
+			_mm512_store_ps(s + 4 * j, _mm512_add_ps(
+				_mm512_castpd_ps(_mm512_unpacklo_pd(y0, y1)),
+				_mm512_castpd_ps(_mm512_unpackhi_pd(y0, y1))));
+		}
+	}
+}
+
+/* output: token i's (tt-th of its vector) V chunks [c0, c0 + nc) into the
+ * accumulators of the GP heads, each p broadcast once for its nc chunks */
+AI void sl_out_token(const struct kva__rows *bk, size_t off, const float *pv, int i,
+		     __m512 *acc, const enum kva_dtype dt, const int tt, const int nc, const int W)
+{
+	const size_t esize = kva__esize(dt);
+	const char *row = bk->v[i] + off;
+	__m512 vc[4];
+
+	__asm__("" : "+r"(row));
+	for (int cc = 0; cc < nc; cc++)
+		vc[cc] = kva__load16(row + (size_t)cc * 16 * esize, dt);
+	for (int g = 0; g < 16 / W; g++) {
+		const __m512 b = _mm512_broadcastss_ps(_mm_load_ss(pv + sl_lane(tt, g, W)));
+
+		for (int cc = 0; cc < nc; cc++)
+			acc[g * W + cc] = _mm512_fmadd_ps(b, vc[cc], acc[g * W + cc]);
+	}
+}
+
+/*
+ * acc[g] += sum_t p[g][t] v[t] for V chunks [c0, c0 + nc), nc <= W, all GP
+ * heads at once (GP x W = 16 accumulators): each chunk converted once for
+ * every head. A prefetch step every 8 tokens.
+ */
+AI void sl_out_pass(const struct kva__tile *t, const struct kva__rows *bk, size_t hoff,
+		    struct kva__pf *pf, const float *s, int c0, const enum kva_dtype dt, int NC,
+		    const int nc, const int W)
+{
+	const int D = NC * 16, GP = 16 / W, G = t->group, n = bk->n;
+	const size_t off = hoff + (size_t)c0 * 16 * kva__esize(dt);
+	__m512 acc[16];
+	int i = 0;
+
+	for (int g = 0; g < GP; g++)
+		for (int cc = 0; cc < nc; cc++)
+			acc[g * W + cc] = g < G ? _mm512_loadu_ps(t->acc + (size_t)g * D + (c0 + cc) * 16)
+						: _mm512_setzero_ps();
+	for (; i + W <= n; i += W) {
+		const float *pv = s + (size_t)(i / W) * 16;
+
+		if (i % 8 == 0)
+			kva__pf_step(pf);
+		for (int tt = 0; tt < W; tt++)
+			sl_out_token(bk, off, pv, i + tt, acc, dt, tt, nc, W);
+	}
+	if (i < n) { /* the block's last 1 to W - 1 tokens */
+		const float *pv = s + (size_t)(i / W) * 16;
+
+		if (i % 8 == 0)
+			kva__pf_step(pf);
+		for (int tt = 0; tt < W - 1; tt++)
+			if (i + tt < n)
+				sl_out_token(bk, off, pv, i + tt, acc, dt, tt, nc, W);
+	}
+	for (int g = 0; g < GP && g < G; g++)
+		for (int cc = 0; cc < nc; cc++)
+			_mm512_storeu_ps(t->acc + (size_t)g * D + (c0 + cc) * 16, acc[g * W + cc]);
+}
+
+/* head @g's output accumulators times @r: the running maximum moved */
+AI void sl_scale_acc(const struct kva__tile *t, int g, int NC, float r)
+{
+	const __m512 rv = _mm512_set1_ps(r);
+	float *o = t->acc + (size_t)g * NC * 16;
+
+	for (int c = 0; c < NC; c++)
+		_mm512_storeu_ps(o + c * 16, _mm512_mul_ps(_mm512_loadu_ps(o + c * 16), rv));
+}
+
+/* one KV head's turn at a block, sliced: scores, softmax, output */
+AI void sl_block(const struct kva__tile *t, const struct kva__rows *bk, struct kva__pf *pf,
+		 int32_t tb, size_t hoff, const enum kva_dtype dt, int NC, const int W)
+{
+	const int G = t->group, n = bk->n, nvec = (n + W - 1) / W;
+	const bool scaled = dt == KVA_FP8_E4M3 || dt == KVA_INT8;
+	const __mmask16 gmask = (__mmask16)((1u << G) - 1), live = sl_live_heads(G, W);
+	const __m512 minf = _mm512_set1_ps(-INFINITY);
+	const __m512i heads = sl_heads(W), firsts = sl_firsts(W);
+	_Alignas(64) float s[KVA__BLOCK_TOKENS * 16];
+	_Alignas(64) float kf[SL_TB * KVA__SLICED_MAX_DIM];
+	_Alignas(64) float ks[KVA__BLOCK_TOKENS], vs[KVA__BLOCK_TOKENS], r[16];
+	__m512 mv = minf, mold, mnew, rv, lv, psum = _mm512_setzero_ps();
+
+	for (int i = 0; i < n; i += SL_TB) {
+		kva__pf_step(pf);
+		sl_scores(t, bk, hoff, i, s, kf, dt, NC, W);
+	}
+	if (scaled)
+		kva__scales_at(t, tb, n, t->kv_head, ks, vs);
+	/* the block's maxima; a pad head's lanes and a token's past the end
+	 * are -inf, so that their p is 0 */
+	for (int k = 0; k < nvec; k++) {
+		__m512 x = _mm512_load_ps(s + 16 * k);
+
+		if (scaled)
+			x = _mm512_mul_ps(x, sl_token_scales(ks, k, W));
+		x = _mm512_mask_mov_ps(minf, live & sl_tokens(n - k * W, W), x);
+		_mm512_store_ps(s + 16 * k, x);
+		mv = _mm512_max_ps(mv, x);
+	}
+	kva__pf_step(pf);
+	/* the running state, spread over the lanes: a pad head's lanes 0 */
+	mold = _mm512_permutexvar_ps(heads, _mm512_maskz_loadu_ps(gmask, t->m));
+	lv = _mm512_permutexvar_ps(heads, _mm512_maskz_loadu_ps(gmask, t->l));
+	mnew = _mm512_max_ps(mold, sl_fold_max(mv, W));
+	/* exp2(m_old - m_new); a head with no scores yet (m_old -inf) has l
+	 * and acc 0, and exp2_ps gives 0 for -inf (or a NaN) */
+	rv = exp2_ps(_mm512_sub_ps(mold, mnew));
+	for (int k = 0; k < nvec; k++) {
+		__m512 p = exp2_ps(_mm512_sub_ps(_mm512_load_ps(s + 16 * k), mnew));
+
+		psum = _mm512_add_ps(psum, p);
+		if (scaled) /* the V scales: p's weights of the rows */
+			p = _mm512_mul_ps(p, sl_token_scales(vs, k, W));
+		_mm512_store_ps(s + 16 * k, p);
+	}
+	lv = _mm512_fmadd_ps(lv, rv, sl_fold_add(psum, W));
+	_mm512_mask_storeu_ps(t->m, gmask, _mm512_permutexvar_ps(firsts, mnew));
+	_mm512_mask_storeu_ps(t->l, gmask, _mm512_permutexvar_ps(firsts, lv));
+	_mm512_store_ps(r, _mm512_permutexvar_ps(firsts, rv));
+	for (int g = 0; g < G; g++)
+		if (r[g] != 1.0f)
+			sl_scale_acc(t, g, NC, r[g]);
+	for (int c0 = 0; c0 + W <= NC; c0 += W)
+		sl_out_pass(t, bk, hoff, pf, s, c0, dt, NC, W, W);
+	/* the last NC % W chunks (head_dim 80, 96: NC 5, 6 at W 2 or 4) */
+	if (W == 2 && NC % 2)
+		sl_out_pass(t, bk, hoff, pf, s, NC - 1, dt, NC, 1, W);
+	else if (W == 4 && NC % 4 == 1)
+		sl_out_pass(t, bk, hoff, pf, s, NC - 1, dt, NC, 1, W);
+	else if (W == 4 && NC % 4 == 2)
+		sl_out_pass(t, bk, hoff, pf, s, NC - 2, dt, NC, 2, W);
+	else if (W == 4 && NC % 4 == 3)
+		sl_out_pass(t, bk, hoff, pf, s, NC - 3, dt, NC, 3, W);
+}
+
+/* the prefetch steps of a sliced turn at a block of n tokens */
+static int sl_steps(int W, int NC, int n)
+{
+	return (n + SL_TB - 1) / SL_TB + 1 + (NC + W - 1) / W * ((n + 7) / 8);
+}
+
 /* One KV head's turn at a block: score, fold into the softmax state, accumulate. */
 AI void head_block(const struct kva__tile *t, const struct kva__rows *bk,
 		   struct kva__pf *pf, int32_t tb, size_t hoff, const enum kva_dtype dt,
-		   int NC)
+		   int NC, const bool ALL)
 {
 	enum { NV = KVA__BLOCK_TOKENS / 16 };
 	const int G = t->group, D = NC * 16;
 	_Alignas(64) float s[KVA__MAX_GROUP][KVA__BLOCK_TOKENS];
 	_Alignas(64) float ks[KVA__BLOCK_TOKENS], vs[KVA__BLOCK_TOKENS];
 
+	switch (kva__avx512_gp(G, D)) { /* sliced: groups 3 to 16 */
+	case 4:
+		sl_block(t, bk, pf, tb, hoff, dt, NC, 4);
+		return;
+	case 8:
+		sl_block(t, bk, pf, tb, hoff, dt, NC, 2);
+		return;
+	case 16:
+		sl_block(t, bk, pf, tb, hoff, dt, NC, 1);
+		return;
+	}
 	if (dt == KVA_FP8_E4M3 || dt == KVA_INT8)
 		kva__scales_at(t, tb, bk->n, t->kv_head, ks, vs);
 
@@ -333,7 +686,7 @@ AI void head_block(const struct kva__tile *t, const struct kva__rows *bk,
 	} else if (G == 2) {
 		for (int i = 0; i < bk->n; i += 8)
 			score16(t, bk, pf, hoff, i, 0, s, dt, NC, 8, 2);
-	} else {
+	} else if (ALL) {
 		const int rest = G % 4 == 3 ? 0 : G % 4;
 
 		for (int i = 0; i < bk->n; i += 4)
@@ -387,7 +740,7 @@ AI void head_block(const struct kva__tile *t, const struct kva__rows *bk,
 		}
 		t->l[g] += _mm512_reduce_add_ps(psum);
 	}
-	accumulate(t, bk, hoff, pf, s, dt, NC);
+	accumulate(t, bk, hoff, pf, s, dt, NC, ALL);
 }
 
 /* the parts accumulate() cuts a head's output into: its switch, restated */
@@ -409,56 +762,100 @@ static int acc_parts(int G, int NC)
  * score16, one every ACC_STEP V rows of each part */
 static int head_steps(int G, int NC, int n)
 {
+	const int gp = kva__avx512_gp(G, NC * 16);
 	int tb = G == 1 ? 16 : G == 2 ? 8 : 4;
+
+	if (gp)
+		return sl_steps(16 / gp, NC, n);
 
 	return (n + tb - 1) / tb + acc_parts(G, NC) * ((n + ACC_STEP - 1) / ACC_STEP);
 }
 
-AI void tile(const struct kva__tile *t, const enum kva_dtype dt, int NC)
+AI void tile(const struct kva__tile *t, const enum kva_dtype dt, int NC, const bool ALL)
 {
 	const size_t row_bytes = (size_t)NC * 16 * kva__esize(dt);
 	struct kva__blocks b;
 
-	kva__blocks_begin(&b, t, row_bytes, t->heads * head_steps(t->group, NC, KVA__BLOCK_TOKENS),
-			  false);
+	kva__blocks_begin(&b, t, row_bytes, head_steps(t->group, NC, KVA__BLOCK_TOKENS), true);
 	for (int32_t tb = t->t0; tb < t->t1; tb += KVA__BLOCK_TOKENS) {
 		const struct kva__rows *bk = kva__blocks_next(&b, t, tb);
 
 		for (int h = 0; h < t->heads; h++) {
 			struct kva__tile th;
 
+			kva__blocks_turn(&b, t, h);
 			kva__tile_head(t, h, &th);
-			head_block(&th, bk, &b.pf, tb, kva__head_offset(t->kv, h), dt, NC);
+			head_block(&th, bk, &b.pf, tb, kva__head_offset(t->kv, h), dt, NC, ALL);
+			kva__pf_lines(&b.pf, -1); /* what the steps left, if the turn was short */
 		}
-		kva__pf_lines(&b.pf, -1); /* what the steps left, if the block was short */
 	}
 }
 
-/* one instance per dtype and head_dim that matters, and a generic one */
 /*
- * One instance per dtype (its conversion is in the innermost loops); head_dim
- * is a run-time count of 16-lane chunks: unrolling over it as well made the
- * code ten times larger for no speed that could be measured.
+ * One instance per dtype (its conversion is in the innermost loops) and per
+ * head_dim 64 and 128 besides the generic one, each a function of its own,
+ * as in tile_avx2.c: with head_dim a constant, the sliced scores' 12 rows
+ * of fp32 and q's rows are displacements from one register each. Those two
+ * take groups up to 16 (sliced from 3 on, kva__avx512_gp); the generic one
+ * takes any group and head_dim, with every shape (ALL). The dot products'
+ * shapes for 3 heads and more in every instance made this file take gcc
+ * with ASan and UBSan 5 minutes to compile, against 1.4 before the sliced
+ * groups.
  */
+#define TILE_INSTANCES(DT, name)                                                  \
+	static __attribute__((noinline)) void name##_128(const struct kva__tile *t) \
+	{                                                                         \
+		tile(t, DT, 8, false);                                            \
+	}                                                                         \
+	static __attribute__((noinline)) void name##_64(const struct kva__tile *t)  \
+	{                                                                         \
+		tile(t, DT, 4, false);                                            \
+	}                                                                         \
+	static __attribute__((noinline)) void name##_any(const struct kva__tile *t) \
+	{                                                                         \
+		tile(t, DT, t->kv->head_dim / 16, true);                          \
+	}                                                                         \
+	static void name(const struct kva__tile *t)                               \
+	{                                                                         \
+		if (t->kv->head_dim == 128 && t->group <= 16)                     \
+			name##_128(t);                                            \
+		else if (t->kv->head_dim == 64 && t->group <= 16)                 \
+			name##_64(t);                                             \
+		else                                                              \
+			name##_any(t);                                            \
+	}
+
+TILE_INSTANCES(KVA_F32, tile_f32)
+TILE_INSTANCES(KVA_F16, tile_f16)
+TILE_INSTANCES(KVA_BF16, tile_bf16)
+TILE_INSTANCES(KVA_FP8_E4M3, tile_fp8)
+TILE_INSTANCES(KVA_INT8, tile_int8)
+
 void kva__tile_avx512(const struct kva__tile *t)
 {
-	const int NC = t->kv->head_dim / 16;
-
 	switch (t->kv->dtype) {
 	case KVA_F32:
-		tile(t, KVA_F32, NC);
+		tile_f32(t);
 		return;
 	case KVA_F16:
-		tile(t, KVA_F16, NC);
+		tile_f16(t);
 		return;
 	case KVA_BF16:
-		tile(t, KVA_BF16, NC);
+		tile_bf16(t);
 		return;
 	case KVA_FP8_E4M3:
-		tile(t, KVA_FP8_E4M3, NC);
+		tile_fp8(t);
 		return;
 	case KVA_INT8:
-		tile(t, KVA_INT8, NC);
+		tile_int8(t);
 		return;
 	}
+}
+
+void kva__axpy_avx512(float *y, const float *x, float a, int32_t n)
+{
+	const __m512 av = _mm512_set1_ps(a);
+
+	for (int32_t i = 0; i < n; i += 16)
+		_mm512_storeu_ps(y + i, _mm512_fmadd_ps(av, _mm512_loadu_ps(x + i), _mm512_loadu_ps(y + i)));
 }
