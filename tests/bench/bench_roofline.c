@@ -15,7 +15,11 @@
  * issue width on any x86 core, so that only the issue rate sets the pace)
  * and the group's query vectors from L1, on `threads` threads of our own.
  * Past 8 query heads (AVX2) or 15 (AVX-512) the registers run out and an
- * element is converted again for each 8 or 15, as a kernel's would be.
+ * element is converted again for each 8 or 15, as a kernel's would be;
+ * the AVX-512 tile's sliced groups of 9 to 16 convert each element once
+ * (K rows into fp32 first, broadcast from L1): for them the roofline
+ * counts two conversions an element where the tile does one, and is not
+ * a strict bound there (though the tile spends a broadcast load an FMA).
  * Per token and head a decode also reduces, exponentiates and rescales,
  * but that is `group` values against head_dim elements: left out, so that
  * the roofline is a bound no real kernel can pass.
