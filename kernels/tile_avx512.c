@@ -354,6 +354,15 @@ AI void accumulate(const struct kva__tile *t, const struct kva__rows *bk, size_t
  * are masked to p = 0; their accumulators are never loaded or stored.
  */
 #define SL_TB 12 /* tokens a pass over q: 12 accumulators */
+/*
+ * Prefetch steps a pass over q (a quarter of head_dim each: whole slices),
+ * so that the next turn's lines are asked for through the scores as evenly
+ * as through the output: with one a pass, 4 of group 8's 29 steps fell in
+ * the scores' 40% of the turn. Paired on Intel Xeon family 6 model 207, out
+ * of cache: group 4 1.021-1.055x as fast (4 pairs), 8 0.985-1.022, 16
+ * 1.014-1.031 (README, twenty-fourth session).
+ */
+#define SL_STEPS 4
 _Static_assert(KVA__BLOCK_TOKENS % SL_TB == 0, "a block is whole 12-token passes");
 
 /* lane of token tt (of W) and head g (of 16 / W) in a folded score vector */
@@ -457,8 +466,8 @@ AI __m512 sl_token_scales(const float *x, int k, const int W)
  * masks): the 12 K rows converted into kf, then one pass over q, each q row
  * loaded once for the 12 tokens.
  */
-AI void sl_scores(const struct kva__tile *t, const struct kva__rows *bk, size_t hoff, int i,
-		  float *s, float *kf, const enum kva_dtype dt, int NC, const int W)
+AI void sl_scores(const struct kva__tile *t, const struct kva__rows *bk, struct kva__pf *pf,
+		  size_t hoff, int i, float *s, float *kf, const enum kva_dtype dt, int NC, const int W)
 {
 	const int D = NC * 16;
 	const size_t esize = kva__esize(dt);
@@ -473,11 +482,15 @@ AI void sl_scores(const struct kva__tile *t, const struct kva__rows *bk, size_t 
 	}
 	for (int j = 0; j < SL_TB; j++)
 		a[j] = _mm512_setzero_ps();
-	for (int d = 0; d < D; d += W, qb += 16) {
-		const __m512 q = _mm512_load_ps(qb);
+	for (int part = 0; part < SL_STEPS; part++) {
+		if (part)
+			kva__pf_step(pf);
+		for (int d = part * D / SL_STEPS; d < (part + 1) * D / SL_STEPS; d += W, qb += 16) {
+			const __m512 q = _mm512_load_ps(qb);
 
-		for (int j = 0; j < SL_TB; j++)
-			a[j] = _mm512_fmadd_ps(sl_bcast(kf + j * D + d, W), q, a[j]);
+			for (int j = 0; j < SL_TB; j++)
+				a[j] = _mm512_fmadd_ps(sl_bcast(kf + j * D + d, W), q, a[j]);
+		}
 	}
 	/* fold the slices: W tokens' GP heads a vector */
 	s += (size_t)(i / W) * 16;
@@ -593,7 +606,7 @@ AI void sl_block(const struct kva__tile *t, const struct kva__rows *bk, struct k
 
 	for (int i = 0; i < n; i += SL_TB) {
 		kva__pf_step(pf);
-		sl_scores(t, bk, hoff, i, s, kf, dt, NC, W);
+		sl_scores(t, bk, pf, hoff, i, s, kf, dt, NC, W);
 	}
 	if (scaled)
 		kva__scales_at(t, tb, n, t->kv_head, ks, vs);
@@ -647,7 +660,7 @@ AI void sl_block(const struct kva__tile *t, const struct kva__rows *bk, struct k
 /* the prefetch steps of a sliced turn at a block of n tokens */
 static int sl_steps(int W, int NC, int n)
 {
-	return (n + SL_TB - 1) / SL_TB + 1 + (NC + W - 1) / W * ((n + 7) / 8);
+	return (n + SL_TB - 1) / SL_TB * SL_STEPS + 1 + (NC + W - 1) / W * ((n + 7) / 8);
 }
 
 /* One KV head's turn at a block: score, fold into the softmax state, accumulate. */
