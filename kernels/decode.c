@@ -41,8 +41,8 @@ struct plan {
 	int32_t *split_len, *splits;
 	uint32_t tiles;
 	float *qf;                 /* [batch][num_q_heads][head_dim]: q * q_scale, or
-				    * [batch][kv_heads][head_dim / w][16] (gp) */
-	int32_t gp, w;             /* the AVX-512 tile's sliced groups: kva__avx512_gp(), 16 / gp */
+				    * [batch][kv_heads][head_dim / (16 / gp)][16] (gp) */
+	int32_t gp;                /* the AVX-512 tile's sliced groups: kva__avx512_gp() */
 	size_t q_stride;           /* floats of qf a KV head */
 	/* per tile: m[span][group], l[span][group], acc[span][group][head_dim] */
 	float *part;
@@ -221,7 +221,7 @@ static void run_q(void *ctx, uint32_t b)
 {
 	const struct plan *p = ctx;
 	size_t n = (size_t)p->num_q_heads * p->head_dim, base = (size_t)b * n;
-	int32_t heads = p->num_q_heads / p->group;
+	int32_t heads = p->num_q_heads / p->group, w = p->gp ? 16 / p->gp : 1;
 
 	if (!p->gp) {
 		for (size_t i = 0; i < n; i++)
@@ -233,9 +233,9 @@ static void run_q(void *ctx, uint32_t b)
 	for (int32_t h = 0; h < heads; h++) {
 		float *o = p->qf + ((size_t)b * heads + (size_t)h) * p->q_stride;
 
-		for (int32_t r = 0; r < p->head_dim / p->w; r++)
+		for (int32_t r = 0; r < p->head_dim / w; r++)
 			for (int32_t lane = 0; lane < 16; lane++) {
-				int32_t g = lane / p->w, d = r * p->w + lane % p->w;
+				int32_t g = lane / w, d = r * w + lane % w;
 
 				o[r * 16 + lane] = g < p->group
 					? load_q(p->q, p->q_dtype,
@@ -434,7 +434,6 @@ int kva_decode(const struct kva_kv_desc *kv, const struct kva_page_table *pt, co
 	p.group = num_q_heads / kv->num_kv_heads;
 	p.head_dim = kv->head_dim;
 	p.gp = p.tile == kva__tile_avx512 ? kva__avx512_gp(p.group, kv->head_dim) : 0;
-	p.w = p.gp ? 16 / p.gp : 1;
 	p.q_stride = (size_t)(p.gp ? p.gp : p.group) * (size_t)kv->head_dim;
 	p.q_scale = sm_scale * KVA_LOG2E;
 	p.out = out;

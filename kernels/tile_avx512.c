@@ -275,7 +275,8 @@ AI void accumulate(const struct kva__tile *t, const struct kva__rows *bk, size_t
 	const int G = t->group;
 
 	/* groups of 3 or more take the dot products only in the generic
-	 * instance (tile_any below): in the others they are sliced */
+	 * instance (tile_any below): the others take only the groups
+	 * tile_fits() lets in, sliced from 3 on (never here) */
 	if (!ALL && G > 2)
 		return;
 
@@ -371,6 +372,12 @@ AI int sl_lane(int tt, int g, const int W)
 	return W == 1 ? g : W == 2 ? 4 * (g >> 1) + 2 * tt + (g & 1) : 4 * g + tt;
 }
 
+/* the head of lane l: sl_lane's inverse */
+AI int sl_head(int l, const int W)
+{
+	return W == 1 ? l : W == 2 ? 2 * (l >> 2) + (l & 1) : l >> 2;
+}
+
 /* lane -> its head: the index vector that spreads a head-major vector over
  * the lanes, and lane of token 0 of each head: the one that gathers it back */
 AI __m512i sl_heads(const int W)
@@ -378,7 +385,7 @@ AI __m512i sl_heads(const int W)
 	int32_t ix[16];
 
 	for (int l = 0; l < 16; l++)
-		ix[l] = W == 1 ? l : W == 2 ? 2 * (l >> 2) + (l & 1) : l >> 2;
+		ix[l] = sl_head(l, W);
 	return _mm512_loadu_si512((const void *)ix);
 }
 
@@ -401,20 +408,6 @@ AI __mmask16 sl_tokens(int m, const int W)
 	return m == 1 ? 0x1111 : m == 2 ? 0x3333 : 0x7777;
 }
 
-/* lanes of heads below G */
-AI __mmask16 sl_live_heads(int G, const int W)
-{
-	__mmask16 k = 0;
-
-	for (int l = 0; l < 16; l++) {
-		const int g = W == 1 ? l : W == 2 ? 2 * (l >> 2) + (l & 1) : l >> 2;
-
-		if (g < G)
-			k |= (__mmask16)(1u << l);
-	}
-	return k;
-}
-
 /* W consecutive floats at p, repeated over 16 lanes */
 AI __m512 sl_bcast(const float *p, const int W)
 {
@@ -425,26 +418,20 @@ AI __m512 sl_bcast(const float *p, const int W)
 	return _mm512_broadcast_f32x4(_mm_loadu_ps(p));
 }
 
-/* the same tokens' lanes of x: the max (or sum) of each head's W tokens in each */
-AI __m512 sl_fold_max(__m512 x, const int W)
+/* x folded over each head's W token lanes: in every lane, the max (@max)
+ * or the sum of its head's W; a head's token lanes are lane ^ 2 (W 2) and
+ * lane ^ 1, ^ 2 (W 4) within 128 bits */
+AI __m512 sl_fold_op(__m512 a, __m512 b, const bool max)
 {
-	if (W == 2)
-		return _mm512_max_ps(x, _mm512_permute_ps(x, _MM_SHUFFLE(1, 0, 3, 2)));
-	if (W == 4) {
-		x = _mm512_max_ps(x, _mm512_permute_ps(x, _MM_SHUFFLE(2, 3, 0, 1)));
-		return _mm512_max_ps(x, _mm512_permute_ps(x, _MM_SHUFFLE(1, 0, 3, 2)));
-	}
-	return x;
+	return max ? _mm512_max_ps(a, b) : _mm512_add_ps(a, b);
 }
 
-AI __m512 sl_fold_add(__m512 x, const int W)
+AI __m512 sl_fold(__m512 x, const int W, const bool max)
 {
-	if (W == 2)
-		return _mm512_add_ps(x, _mm512_permute_ps(x, _MM_SHUFFLE(1, 0, 3, 2)));
-	if (W == 4) {
-		x = _mm512_add_ps(x, _mm512_permute_ps(x, _MM_SHUFFLE(2, 3, 0, 1)));
-		return _mm512_add_ps(x, _mm512_permute_ps(x, _MM_SHUFFLE(1, 0, 3, 2)));
-	}
+	if (W == 4)
+		x = sl_fold_op(x, _mm512_permute_ps(x, _MM_SHUFFLE(2, 3, 0, 1)), max);
+	if (W >= 2)
+		x = sl_fold_op(x, _mm512_permute_ps(x, _MM_SHUFFLE(1, 0, 3, 2)), max);
 	return x;
 }
 
@@ -596,9 +583,11 @@ AI void sl_block(const struct kva__tile *t, const struct kva__rows *bk, struct k
 {
 	const int G = t->group, n = bk->n, nvec = (n + W - 1) / W;
 	const bool scaled = dt == KVA_FP8_E4M3 || dt == KVA_INT8;
-	const __mmask16 gmask = (__mmask16)((1u << G) - 1), live = sl_live_heads(G, W);
 	const __m512 minf = _mm512_set1_ps(-INFINITY);
 	const __m512i heads = sl_heads(W), firsts = sl_firsts(W);
+	/* the group's heads, head-major, and their lanes */
+	const __mmask16 gmask = (__mmask16)((1u << G) - 1);
+	const __mmask16 live = _mm512_cmplt_epi32_mask(heads, _mm512_set1_epi32(G));
 	_Alignas(64) float s[KVA__BLOCK_TOKENS * 16];
 	_Alignas(64) float kf[SL_TB * KVA__SLICED_MAX_DIM];
 	_Alignas(64) float ks[KVA__BLOCK_TOKENS], vs[KVA__BLOCK_TOKENS], r[16];
@@ -625,7 +614,7 @@ AI void sl_block(const struct kva__tile *t, const struct kva__rows *bk, struct k
 	/* the running state, spread over the lanes: a pad head's lanes 0 */
 	mold = _mm512_permutexvar_ps(heads, _mm512_maskz_loadu_ps(gmask, t->m));
 	lv = _mm512_permutexvar_ps(heads, _mm512_maskz_loadu_ps(gmask, t->l));
-	mnew = _mm512_max_ps(mold, sl_fold_max(mv, W));
+	mnew = _mm512_max_ps(mold, sl_fold(mv, W, true));
 	/* exp2(m_old - m_new); a head with no scores yet (m_old -inf) has l
 	 * and acc 0, and exp2_ps gives 0 for -inf (or a NaN) */
 	rv = exp2_ps(_mm512_sub_ps(mold, mnew));
@@ -637,7 +626,7 @@ AI void sl_block(const struct kva__tile *t, const struct kva__rows *bk, struct k
 			p = _mm512_mul_ps(p, sl_token_scales(vs, k, W));
 		_mm512_store_ps(s + 16 * k, p);
 	}
-	lv = _mm512_fmadd_ps(lv, rv, sl_fold_add(psum, W));
+	lv = _mm512_fmadd_ps(lv, rv, sl_fold(psum, W, false));
 	_mm512_mask_storeu_ps(t->m, gmask, _mm512_permutexvar_ps(firsts, mnew));
 	_mm512_mask_storeu_ps(t->l, gmask, _mm512_permutexvar_ps(firsts, lv));
 	_mm512_store_ps(r, _mm512_permutexvar_ps(firsts, rv));
@@ -815,6 +804,13 @@ AI void tile(const struct kva__tile *t, const enum kva_dtype dt, int NC, const b
  * with ASan and UBSan 5 minutes to compile, against 1.4 before the sliced
  * groups.
  */
+/* the groups the instances without ALL take: dot products for 1 and 2,
+ * sliced for the rest (their head_block has no other shapes) */
+static inline bool tile_fits(const struct kva__tile *t)
+{
+	return t->group <= 2 || kva__avx512_gp(t->group, t->kv->head_dim);
+}
+
 #define TILE_INSTANCES(DT, name)                                                  \
 	static __attribute__((noinline)) void name##_128(const struct kva__tile *t) \
 	{                                                                         \
@@ -830,9 +826,9 @@ AI void tile(const struct kva__tile *t, const enum kva_dtype dt, int NC, const b
 	}                                                                         \
 	static void name(const struct kva__tile *t)                               \
 	{                                                                         \
-		if (t->kv->head_dim == 128 && t->group <= 16)                     \
+		if (t->kv->head_dim == 128 && tile_fits(t))                       \
 			name##_128(t);                                            \
-		else if (t->kv->head_dim == 64 && t->group <= 16)                 \
+		else if (t->kv->head_dim == 64 && tile_fits(t))                   \
 			name##_64(t);                                             \
 		else                                                              \
 			name##_any(t);                                            \
