@@ -107,6 +107,12 @@
  *   bound_gbps         min(ceiling_gbps, roofline_gbps): what the
  *                      configuration is held to
  *   bound_ratio        gbps / bound_gbps
+ *   bound_ratio_paired the median over the trials of each trial's own
+ *                      ratio: its decode against the lower of its sweep and
+ *                      its roofline, measured on either side of it. On a
+ *                      shared machine whose speed moves from one trial to
+ *                      the next, the steadier figure (bound_ratio divides
+ *                      medians taken at different moments)
  *   cache_resident     bytes < 2 x the last-level cache (sysfs index3):
  *                      the figures then say more about caches than memory;
  *                      null when sysfs does not tell the cache size
@@ -552,6 +558,7 @@ struct figures {
 	double scatter4k_pf_gbps, scatter4k_pf_distance;
 	double prefetch_kept; /* NaN: too few bytes for a burst, or no trial could count */
 	double roofline_gbps; /* NaN on the scalar path */
+	double bound_ratio_paired; /* the median of the trials' own ratios */
 	double naive_ms, naive_sampled, max_rel_err;
 	double other_cpus;
 	double pf_step; /* NaN off the AVX2 path */
@@ -720,7 +727,7 @@ static int measure(const struct config *c, const struct kvcache *kc, struct batc
 		   struct bench_readbw *rb, const struct decode_opts *o, struct figures *f)
 {
 	const enum kva_isa isa = isa_used(o->isa, c->head_dim);
-	double roof[BENCH_MAX_TRIALS];
+	double roof[BENCH_MAX_TRIALS], paired[BENCH_MAX_TRIALS];
 	double dec[BENCH_MAX_TRIALS], sweep[BENCH_MAX_TRIALS], s4k[BENCH_MAX_TRIALS],
 		s64k[BENCH_MAX_TRIALS], lat[BENCH_MAX_TRIALS], pfk[BENCH_MAX_TRIALS], once, unused;
 	double spf[PF_DISTANCES][BENCH_MAX_TRIALS];
@@ -744,6 +751,14 @@ static int measure(const struct config *c, const struct kvcache *kc, struct batc
 	if (f->reps > 10000)
 		f->reps = 10000;
 	for (unsigned t = 0; t < o->trials; t++) {
+		/* the roofline, the decode and the sweep back to back: a trial's
+		 * bound and decode a moment apart (bound_ratio_paired) */
+		if (isa != KVA_ISA_SCALAR &&
+		    (ret = bench_roofline(isa, c->dtype, c->group, c->threads,
+					  roofline_bytes(c, b), &roof[t])) < 0) {
+			fprintf(stderr, "decode: roofline: %s\n", strerror(-ret));
+			return ret;
+		}
 		if ((ret = time_decode(c, kc, b, o->isa, f->reps, &dec[t])) < 0 ||
 		    (ret = time_read(rb, BENCH_READ_SWEEP, 0, c, b->bytes, f->reps, &sweep[t])) < 0 ||
 		    (ret = time_read(rb, BENCH_READ_4K, 0, c, b->bytes, f->reps, &s4k[t])) < 0 ||
@@ -768,13 +783,12 @@ static int measure(const struct config *c, const struct kvcache *kc, struct batc
 			if (isfinite(kept)) /* the median of the trials that could count */
 				pfk[npfk++] = kept;
 		}
-		if (isa != KVA_ISA_SCALAR &&
-		    (ret = bench_roofline(isa, c->dtype, c->group, c->threads,
-					  roofline_bytes(c, b), &roof[t])) < 0) {
-			fprintf(stderr, "decode: roofline: %s\n", strerror(-ret));
-			return ret;
-		}
+		/* the trial's own ratio, before the medians sort the arrays */
+		paired[t] = (double)b->bytes / dec[t] /
+			    (isa == KVA_ISA_SCALAR ? (double)b->bytes / sweep[t]
+						   : fmin((double)b->bytes / sweep[t], roof[t]));
 	}
+	f->bound_ratio_paired = bench_median(paired, o->trials);
 	f->ms = bench_median(dec, o->trials) / 1e6;
 	f->gbps = (double)b->bytes / (f->ms * 1e6);
 	f->ceiling_gbps = (double)b->bytes / bench_median(sweep, o->trials);
@@ -881,6 +895,7 @@ static int print_line(const struct config *c, const struct batch *b, const struc
 		bench_line_num(&l, "bound_gbps", bound, 2);
 		bench_line_num(&l, "bound_ratio", f->gbps / bound, 3);
 	}
+	bench_line_num(&l, "bound_ratio_paired", f->bound_ratio_paired, 3);
 	if (llc)
 		bench_line_bool(&l, "cache_resident", b->bytes < 2 * llc);
 	else
