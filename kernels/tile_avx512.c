@@ -60,13 +60,22 @@ AI __m512 reduce16(const __m512 v[16])
 /*
  * 2^x for x <= 0 (a score minus its running max): x = n + f, n an integer,
  * |f| <= 1/2; 2^f by its degree-7 Taylor polynomial (relative error below
- * 1e-8 there), times 2^n by vscalefps, which also takes 2^-150 to 0.
+ * 1e-8 there), times 2^n by vscalefps. Below -126 (-inf: a masked lane or
+ * a pad head's, and NaN) it is 0, and the lanes of such x are masked off
+ * the scalef: a result below 2^-126 is a denormal, which Intel cores make
+ * with a microcode assist of the whole instruction. With x clamped at
+ * -150 and scalef's 2^-150 as the zero, the sliced groups with pad heads
+ * (3, 5, 6, 7: every exponentiated vector has a lane of one) ran 1.6-1.8x
+ * as long as the dot-product tile on Intel Xeon family 6 model 207
+ * (README, twenty-fifth session). From -126 up, n >= -126 and f >= 0
+ * where n = -126, so the result is a normal number.
  */
 AI __m512 exp2_ps(__m512 x)
 {
+	const __mmask16 live = _mm512_cmp_ps_mask(x, _mm512_set1_ps(-126.0f), _CMP_GE_OQ);
 	__m512 n, f, p;
 
-	x = _mm512_max_ps(x, _mm512_set1_ps(-150.0f));
+	x = _mm512_max_ps(x, _mm512_set1_ps(-126.0f));
 	n = _mm512_roundscale_ps(x, _MM_FROUND_TO_NEAREST_INT | _MM_FROUND_NO_EXC);
 	f = _mm512_sub_ps(x, n);
 	p = _mm512_set1_ps(1.525273380405984e-05f);
@@ -77,7 +86,7 @@ AI __m512 exp2_ps(__m512 x)
 	p = _mm512_fmadd_ps(p, f, _mm512_set1_ps(2.402265069591007e-01f));
 	p = _mm512_fmadd_ps(p, f, _mm512_set1_ps(6.931471805599453e-01f));
 	p = _mm512_fmadd_ps(p, f, _mm512_set1_ps(1.0f));
-	return _mm512_scalef_ps(p, n);
+	return _mm512_maskz_scalef_ps(live, p, n);
 }
 
 /* the lanes below n (none for n <= 0) */

@@ -1085,6 +1085,25 @@ static void test_large_logits_stay_finite_and_exact(void **state)
 	check_run(&r, 50);
 }
 
+/*
+ * The same over every group the AVX-512 tile slices (3 to 16, pad heads
+ * at 3, 5, 6, 7, 9-15) and head_dim 128: logits in the hundreds put many
+ * of a block's exponents below -126, where the vector exp2s give 0 (no
+ * denormal), and a pad head's lanes, at -inf, beside them in every vector
+ */
+static void test_large_logits_every_sliced_group(void **state)
+{
+	static const int32_t lens[] = { 200, 37 };
+
+	(void)state;
+	for (int32_t g = 3; g <= 16; g++) {
+		struct run r = { .dt = KVA_F16, .heads = 2, .group = g, .dim = 128, .page_size = 16,
+				 .lens = lens, .n = 2, .q_amp = 60, .tol = 1e-4 };
+
+		check_run(&r, 70 + (uint64_t)g);
+	}
+}
+
 static void test_empty_sequence_gives_zero_and_minus_inf_lse(void **state)
 {
 	static const int32_t lens[] = { 0, 20, 0 };
@@ -1896,6 +1915,7 @@ int main(void)
 		cmocka_unit_test(test_pf_step_follows_the_prefetches_kept),
 		cmocka_unit_test(test_a_child_forked_during_a_probe_probes_again),
 		cmocka_unit_test(test_large_logits_stay_finite_and_exact),
+		cmocka_unit_test(test_large_logits_every_sliced_group),
 		cmocka_unit_test(test_empty_sequence_gives_zero_and_minus_inf_lse),
 		cmocka_unit_test(test_half_precision_queries_and_outputs),
 		cmocka_unit_test(test_quantized_caches_are_close_to_what_was_stored),
