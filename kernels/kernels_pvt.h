@@ -84,7 +84,12 @@ static inline bool kva__pf_queues(int32_t kept)
  * The AVX-512 tile's sliced scores (tile_avx512.c): a group of 3 to 16
  * query heads padded to GP = 4, 8 or 16, each zmm of score sums GP heads x
  * W = 16 / GP slices of head_dim, for head_dim up to 256 (its K rows in fp32
- * on the stack). 0: dot products, q as it is. Where it is not 0 the driver
+ * on the stack), where the pad heads are no more than a quarter of GP
+ * (groups 3, 4, 6-8, 12-16); 0: dot products, q as it is (groups 5 and
+ * 9-11, whose pads would be 3 of 8 and 5 to 7 of 16: paired on Intel Xeon
+ * family 6 model 207, the dot products ran group 5 1.07-1.16x as fast as
+ * sliced, 9 1.13-1.19x, 10 1.05-1.08x, 11 1.0x; group 6 1.0x, 7 0.94-0.96x,
+ * 12 0.90-0.94x, README twenty-fifth session). Where it is not 0 the driver
  * lays each KV head's q out as [head_dim / W][16] (decode.c): lane g * W + j
  * of row r is q[g][r * W + j], 0 for a pad head (g >= group).
  */
@@ -92,9 +97,12 @@ static inline bool kva__pf_queues(int32_t kept)
 
 static inline int kva__avx512_gp(int32_t group, int32_t head_dim)
 {
+	int gp;
+
 	if (group < 3 || group > 16 || head_dim > KVA__SLICED_MAX_DIM)
 		return 0;
-	return group <= 4 ? 4 : group <= 8 ? 8 : 16;
+	gp = group <= 4 ? 4 : group <= 8 ? 8 : 16;
+	return 4 * group >= 3 * gp ? gp : 0;
 }
 
 /* The tile as its @i-th head sees it: a span of one. */

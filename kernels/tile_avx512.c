@@ -3,13 +3,14 @@
  * tile_avx512.c - the decode tile with AVX-512 (head_dim a multiple of 16),
  * the same steps as tile_scalar.c, arranged to keep up with memory.
  *
- * Groups of 3 to 16 query heads (head_dim up to 256) score sliced (sl_block
- * below): each K element converted once for the whole group, W = 16 / GP
+ * Groups of 3 to 16 query heads (head_dim up to 256), but those whose pad
+ * heads would be more than a quarter of the padded group (5, 9-11:
+ * kva__avx512_gp), score sliced (sl_block below): each K element converted once for the whole group, W = 16 / GP
  * consecutive elements of a row broadcast to every head, no dot-product
  * reductions; their softmax runs lane by lane over every head at once, and
  * the output takes every head of the group for each V chunk converted.
  *
- * Groups of 1 and 2 (and past 16) score dot products: a block of tokens x
+ * Groups of 1, 2, 5, 9-11 (and past 16) score dot products: a block of tokens x
  * query heads 16 at a time (16 tokens x 1 head, 8 x 2 or 4 x 4: each K
  * chunk converted once is used by the whole group), each dot accumulated
  * in a zmm across head_dim and the 16 reduced together by one transposed
@@ -671,7 +672,7 @@ AI void head_block(const struct kva__tile *t, const struct kva__rows *bk,
 	_Alignas(64) float s[KVA__MAX_GROUP][KVA__BLOCK_TOKENS];
 	_Alignas(64) float ks[KVA__BLOCK_TOKENS], vs[KVA__BLOCK_TOKENS];
 
-	switch (kva__avx512_gp(G, D)) { /* sliced: groups 3 to 16 */
+	switch (kva__avx512_gp(G, D)) { /* sliced: groups 3 to 16 but 5, 9-11 */
 	case 4:
 		sl_block(t, bk, pf, tb, hoff, dt, NC, 4);
 		return;

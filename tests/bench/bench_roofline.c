@@ -16,7 +16,7 @@
  * and the group's query vectors from L1, on `threads` threads of our own.
  * Past 8 query heads (AVX2) or 15 (AVX-512) the registers run out and an
  * element is converted again for each 8 or 15, as a kernel's would be;
- * the AVX-512 tile's sliced groups of 9 to 16 convert each element once
+ * the AVX-512 tile's sliced groups of 12 to 16 convert each element once
  * (K rows into fp32 first, broadcast from L1): for them the roofline
  * counts two conversions an element where the tile does one, and is not
  * a strict bound there (though the tile spends a broadcast load an FMA).
