@@ -100,6 +100,7 @@ static const struct {
 struct ab_opts {
 	int group, threads, batch, context, rounds, kv_heads, head_dim;
 	int dt; /* dtypes[]'s */
+	float q_amp; /* q uniform in [-q_amp, q_amp] */
 	long pages;
 	enum kva_isa isa;
 	const char *isa_name; /* as given to --isa */
@@ -149,6 +150,10 @@ static void usage(FILE *f)
 		"                 library maps an arena's data). Two kinds and one build:\n"
 		"                 the build on the second against the first\n"
 		"  --isa NAME     avx2 (default), avx512, scalar, auto\n"
+		"  --q-amp X      q uniform in [-X, X] (default 1; past about 20 at\n"
+		"                 head_dim 128 a block's logits spread over more than\n"
+		"                 126 powers of two, whose smallest exponentials\n"
+		"                 would be denormals)\n"
 		"  --rounds N     rounds, 1..%d (default 30)\n"
 		"  --pf-step A,B,...  kva_decode_opts.pf_step of each build in turn (the\n"
 		"                 AVX2 tile's step of one head's rows, 0..48; default 0,\n"
@@ -170,13 +175,14 @@ static int parse(int argc, char **argv, struct ab_opts *o)
 		{ "one-page", no_argument, 0, '1' },	 { "hugepages", no_argument, 0, 'H' },
 		{ "pf-step", required_argument, 0, 's' }, { "memory", required_argument, 0, 'm' },
 		{ "cycle", required_argument, 0, 'y' },	 { "dtype", required_argument, 0, 'T' },
+		{ "q-amp", required_argument, 0, 'a' },
 		{ 0, 0, 0, 0 }
 	};
 	int c;
 
 	*o = (struct ab_opts){ .group = 4, .threads = 2, .batch = 8, .context = 4096, .rounds = 30,
 			       .kv_heads = 8, .head_dim = 128, .pages = 16384, .isa = KVA_ISA_AVX2,
-			       .isa_name = "avx2" };
+			       .isa_name = "avx2", .q_amp = 1.0f };
 	while ((c = getopt_long(argc, argv, "", lo, NULL)) != -1) {
 		switch (c) {
 		case 'g': o->group = atoi(optarg); break;
@@ -187,6 +193,7 @@ static int parse(int argc, char **argv, struct ab_opts *o)
 		case 'd': o->head_dim = atoi(optarg); break;
 		case 'p': o->pages = atol(optarg); break;
 		case 'r': o->rounds = atoi(optarg); break;
+		case 'a': o->q_amp = strtof(optarg, NULL); break;
 		case '1': o->one_page = true; break;
 		case 'H': o->hugepages = true; break;
 		case 'T':
@@ -256,7 +263,7 @@ static int parse(int argc, char **argv, struct ab_opts *o)
 	if (o->group < 1 || o->group > 64 || o->threads < 1 || o->threads > 256 || o->batch < 1 ||
 	    o->batch > 4096 || o->context < 1 || o->context > (1 << 20) || o->kv_heads < 1 ||
 	    o->kv_heads > 64 || o->head_dim < 1 || o->head_dim > 1024 || o->rounds < 1 ||
-	    o->rounds > MAX_ROUNDS || (int)o->isa < 0 ||
+	    o->rounds > MAX_ROUNDS || (int)o->isa < 0 || !(o->q_amp > 0 && o->q_amp <= 1e4f) ||
 	    o->pages < (long)o->batch * ((o->context + 15) / 16) || o->pages > (1l << 24)) {
 		fprintf(stderr, "kvarena-ab: an option out of range (--pages must hold batch x "
 				"context / 16 pages)\n");
@@ -479,7 +486,7 @@ static int data_make(const struct ab_opts *o, int nl, struct ab_data *d)
 		d->last[b] = o->context - (per_seq - 1) * P;
 	}
 	for (size_t i = 0; i < qn; i++)
-		d->q[i] = (float)(bench_rand(&seed) % 2001) / 1000.0f - 1.0f;
+		d->q[i] = o->q_amp * ((float)(bench_rand(&seed) % 2001) / 1000.0f - 1.0f);
 	return 0;
 }
 
@@ -568,13 +575,13 @@ static int measure(const struct ab_opts *o, const decode_fn *fn, int nl, char *c
 		/* a path may hold a quote or a backslash */
 		bench_json_escape(names[i], lib, sizeof(lib));
 		printf("{\"lib\":\"%s\",\"isa\":\"%s\",\"dtype\":\"%s\",\"batch\":%d,\"context\":%d,\"kv_heads\":%d,"
-		       "\"head_dim\":%d,\"group\":%d,\"threads\":%d,\"rounds\":%d,"
+		       "\"head_dim\":%d,\"group\":%d,\"threads\":%d,\"rounds\":%d,\"q_amp\":%g,"
 		       "\"one_page\":%s,\"hugepages\":%s,\"memory\":\"%s\",\"huge_bytes\":%" PRIu64 ","
 		       "\"cycle\":%ld,\"pf_step\":%d,\"gbps\":%.2f,\"gbps_min\":%.2f,"
 		       "\"gbps_max\":%.2f,\"speed\":%.3f,\"speed_q1\":%.3f,\"speed_q3\":%.3f,"
 		       "\"max_abs_diff\":%s}\n",
 		       lib, o->isa_name, dtypes[o->dt].name, o->batch, o->context, o->kv_heads, o->head_dim, o->group,
-		       o->threads, R, o->cycle[y] == 1 ? "true" : "false",
+		       o->threads, R, (double)o->q_amp, o->cycle[y] == 1 ? "true" : "false",
 		       o->mem[m] == MEM_HUGETLB ? "true" : "false",
 		       mem_names[o->mem[m]],
 		       o->mem[m] == MEM_HUGETLB ? d->cache_bytes : bench_huge_bytes(d->cache[m]),
