@@ -5,13 +5,14 @@
  *
  * Groups of 3 to 16 query heads (head_dim up to 256), but those whose pad
  * heads would be more than a quarter of the padded group (5, 9-11:
- * kva__avx512_gp), score sliced (sl_block below): each K element converted once for the whole group, W = 16 / GP
+ * kva__avx512_gp), score sliced (sl_block below): each K element
+ * converted once for the whole group, W = 16 / GP
  * consecutive elements of a row broadcast to every head, no dot-product
  * reductions; their softmax runs lane by lane over every head at once, and
  * the output takes every head of the group for each V chunk converted.
  *
- * Groups of 1, 2, 5, 9-11 (and past 16) score dot products: a block of tokens x
- * query heads 16 at a time (16 tokens x 1 head, 8 x 2 or 4 x 4: each K
+ * Groups of 1, 2, 5, 9-11 (and past 16) score dot products: a block of
+ * tokens x query heads 16 at a time (16 tokens x 1 head, 8 x 2 or 4 x 4: each K
  * chunk converted once is used by the whole group), each dot accumulated
  * in a zmm across head_dim and the 16 reduced together by one transposed
  * reduction (about 3 instructions a score). Softmax: the block's scores
@@ -66,7 +67,7 @@ AI __m512 reduce16(const __m512 v[16])
  * the scalef: a result below 2^-126 is a denormal, which Intel cores make
  * with a microcode assist of the whole instruction. With x clamped at
  * -150 and scalef's 2^-150 as the zero, the sliced groups with pad heads
- * (3, 5, 6, 7: every exponentiated vector has a lane of one) ran 1.6-1.8x
+ * (then 3, 5-7, 9-15: every exponentiated vector has a lane of one) ran 1.6-1.8x
  * as long as the dot-product tile on Intel Xeon family 6 model 207
  * (README, twenty-fifth session). From -126 up, n >= -126 and f >= 0
  * where n = -126, so the result is a normal number.
