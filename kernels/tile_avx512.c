@@ -67,8 +67,8 @@ AI __m512 reduce16(const __m512 v[16])
  * the scalef: a result below 2^-126 is a denormal, which Intel cores make
  * with a microcode assist of the whole instruction. With x clamped at
  * -150 and scalef's 2^-150 as the zero, the sliced groups with pad heads
- * (then 3, 5-7, 9-15: every exponentiated vector has a lane of one) ran 1.6-1.8x
- * as long as the dot-product tile on Intel Xeon family 6 model 207
+ * (then 3, 5-7, 9-15: every exponentiated vector has a lane of one) ran
+ * 1.6-1.8x as long as the dot-product tile on Intel Xeon family 6 model 207
  * (README, twenty-fifth session). From -126 up, n >= -126 and f >= 0
  * where n = -126, so the result is a normal number.
  */
