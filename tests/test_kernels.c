@@ -244,11 +244,11 @@ static void fill(struct cache *c, const struct batch *b, float amp, uint64_t *rn
 
 /* ------------------------------------------------------ the reference */
 
-/* out[b][h][d] and lse[b][h] in double, from the values the cache holds */
 /* terms reference() weighed below 2^-126 of their sequence's largest: how
  * deep into exp2's underflow a run's logits reach */
 static size_t ref_deep_terms;
 
+/* out[b][h][d] and lse[b][h] in double, from the values the cache holds */
 static void reference(const struct cache *c, const struct batch *b, const float *q,
 		      int32_t num_q_heads, double sm_scale, double *out, double *lse)
 {
