@@ -417,6 +417,11 @@ static inline bool kva__pf_next(struct kva__pf *pf, const char **p, int *left)
 	return true;
 }
 
+/* a line the cursor asks for (a test may count them instead) */
+#ifndef KVA__PREFETCH
+#define KVA__PREFETCH(a) __builtin_prefetch((a), 0, 2)
+#endif
+
 /*
  * @lines more lines (all that are left if @lines < 0). On a core that
  * queues prefetches (kva__pf_queues), as many of the run's lines as are
@@ -433,7 +438,7 @@ static inline void kva__pf_lines(struct kva__pf *pf, int lines)
 		for (; lines != 0; lines--, left--) {
 			if (!left && !kva__pf_next(pf, &p, &left))
 				break;
-			__builtin_prefetch(p, 0, 2);
+			KVA__PREFETCH(p);
 			p += 64;
 		}
 	} else {
@@ -449,7 +454,7 @@ static inline void kva__pf_lines(struct kva__pf *pf, int lines)
 			if (lines > 0)
 				lines -= n;
 			do {
-				__builtin_prefetch(p, 0, 2);
+				KVA__PREFETCH(p);
 				p += 64;
 			} while (p != end);
 		}
@@ -482,6 +487,92 @@ static inline void kva__pf_lines(struct kva__pf *pf, int lines)
 static inline void kva__pf_step(struct kva__pf *pf)
 {
 	kva__pf_lines(pf, pf->per);
+}
+
+/*
+ * A turn's lines asked for from inside the FMA loops, not in steps: the
+ * sliced AVX-512 tile's cursor (tile_avx512.c). The turn's runs are listed
+ * when it starts (kva__pfq_begin, from the cursor above: at most two a
+ * token, a page's K and V pieces of one head where pages are whole, a row
+ * each where they are not), and every S-th iteration of the scores' and
+ * the output's loops asks for the next L lines of the run it is in
+ * (kva__pfq_site), the run's next line and end held in two registers: a
+ * compare, L prefetches and an add, where a step was a call, a line loop
+ * with two counts and its state's loads and stores. kva__pfq_end asks for
+ * what the sites left (a turn of fewer tokens than the one it prefetches
+ * for). No site calls anything: a call in the loops (to fill the list
+ * again, with a shorter list) kept the loops' general registers in memory
+ * and cost more than the cursor it replaced.
+ *
+ * Why: paired on Intel Xeon family 6 model 207 (AVX-512, kvarena-ab, f16,
+ * 2 threads, one page), the build with the cursor's logic but no prefetch
+ * instruction read as fast as the real one, and one with no cursor at all
+ * 1.27-1.33x (group 4) and 1.14-1.19x (group 8) as fast: the steps'
+ * bookkeeping, not the prefetches, was a fifth of the tile's time in the
+ * core (README, twenty-seventh session).
+ */
+#define KVA__PFQ_RUNS (2 * KVA__BLOCK_TOKENS)
+
+struct kva__pfq {
+	const char *p, *end; /* the run being asked for: its next line, and its end */
+	int r, n;            /* the list's next run, and its runs */
+};
+
+/* the cursor's runs (up to KVA__PFQ_RUNS: all of a turn's) into @run,
+ * [first line, end); how many */
+static __attribute__((noinline)) int kva__pfq_fill(struct kva__pf *pf, const char *run[][2])
+{
+	int n = 0;
+
+	while (n < KVA__PFQ_RUNS && (pf->left || kva__pf_next(pf, &pf->p, &pf->left))) {
+		run[n][0] = pf->p;
+		pf->p += (size_t)pf->left * 64;
+		run[n][1] = pf->p;
+		pf->left = 0;
+		n++;
+	}
+	return n;
+}
+
+static inline __attribute__((always_inline)) void kva__pfq_begin(struct kva__pf *pf,
+								   struct kva__pfq *q,
+								   const char *run[][2])
+{
+	q->p = q->end = NULL;
+	q->r = 0;
+	q->n = kva__pfq_fill(pf, run);
+}
+
+/* one site: the next @L (1, 2 or 4) lines of the run, or the next run */
+static inline __attribute__((always_inline)) void kva__pfq_site(struct kva__pfq *q,
+								  const char *run[][2], const int L)
+{
+	if (q->p < q->end) {
+		KVA__PREFETCH(q->p);
+		for (int l = 1; l < L; l++)
+			if (q->p + 64 * l < q->end)
+				KVA__PREFETCH(q->p + 64 * l);
+		q->p += 64 * L;
+	} else if (q->r < q->n) {
+		q->p = run[q->r][0];
+		q->end = run[q->r][1];
+		q->r++;
+	}
+}
+
+/* the turn's end: the rest of the run and of the list (the cursor's own
+ * runs past it are kva__pf_lines(-1)'s) */
+static inline void kva__pfq_end(struct kva__pfq *q, const char *run[][2])
+{
+	for (;;) {
+		for (; q->p < q->end; q->p += 64)
+			KVA__PREFETCH(q->p);
+		if (q->r >= q->n)
+			break;
+		q->p = run[q->r][0];
+		q->end = run[q->r][1];
+		q->r++;
+	}
 }
 
 /*

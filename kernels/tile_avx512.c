@@ -366,16 +366,25 @@ AI void accumulate(const struct kva__tile *t, const struct kva__rows *bk, size_t
  * are masked to p = 0; their accumulators are never loaded or stored.
  */
 #define SL_TB 12 /* tokens a pass over q: 12 accumulators */
-/*
- * Prefetch steps a pass over q (a quarter of head_dim each: whole slices),
- * so that the next turn's lines are asked for through the scores as evenly
- * as through the output: with one a pass, 4 of group 8's 29 steps fell in
- * the scores' 40% of the turn. Paired on Intel Xeon family 6 model 207, out
- * of cache: group 4 1.021-1.055x as fast (4 pairs), 8 0.985-1.022, 16
- * 1.014-1.031 (README, twenty-fourth session).
- */
-#define SL_STEPS 4
 _Static_assert(KVA__BLOCK_TOKENS % SL_TB == 0, "a block is whole 12-token passes");
+
+/*
+ * The prefetch sites (kva__pfq_site): every S-th iteration of the scores'
+ * loop over q's rows (4 D / W a 48-token turn) and of the output's over
+ * the tokens (3 D / W), L lines each, for a turn's 2 x 48 x D x esize / 64
+ * lines: 0.21 W esize a site, and L / S an eighth or more above it, so that
+ * the lines are asked for evenly through the turn and all of them by its
+ * last output pass (whatever is left, kva__pfq_end asks for at the end).
+ */
+AI int sl_pf_lines(const int W, size_t esize)
+{
+	return W * (int)esize >= 16 ? 4 : W * (int)esize >= 8 ? 2 : 1;
+}
+
+AI int sl_pf_every(const int W, size_t esize)
+{
+	return W * (int)esize >= 4 ? 1 : W * (int)esize >= 2 ? 2 : 4;
+}
 
 /* lane of token tt (of W) and head g (of 16 / W) in a folded score vector */
 AI int sl_lane(int tt, int g, const int W)
@@ -464,8 +473,9 @@ AI __m512 sl_token_scales(const float *x, int k, const int W)
  * masks): the 12 K rows converted into kf, then one pass over q, each q row
  * loaded once for the 12 tokens.
  */
-AI void sl_scores(const struct kva__tile *t, const struct kva__rows *bk, struct kva__pf *pf,
-		  size_t hoff, int i, float *s, float *kf, const enum kva_dtype dt, int NC, const int W)
+AI void sl_scores(const struct kva__tile *t, const struct kva__rows *bk, struct kva__pfq *pq,
+		  const char *run[][2], size_t hoff, int i, float *s,
+		  float *kf, const enum kva_dtype dt, int NC, const int W)
 {
 	const int D = NC * 16;
 	const size_t esize = kva__esize(dt);
@@ -480,15 +490,13 @@ AI void sl_scores(const struct kva__tile *t, const struct kva__rows *bk, struct 
 	}
 	for (int j = 0; j < SL_TB; j++)
 		a[j] = _mm512_setzero_ps();
-	for (int part = 0; part < SL_STEPS; part++) {
-		if (part)
-			kva__pf_step(pf);
-		for (int d = part * D / SL_STEPS; d < (part + 1) * D / SL_STEPS; d += W, qb += 16) {
-			const __m512 q = _mm512_load_ps(qb);
+	for (int d = 0; d < D; d += W, qb += 16) {
+		const __m512 q = _mm512_load_ps(qb);
 
-			for (int j = 0; j < SL_TB; j++)
-				a[j] = _mm512_fmadd_ps(sl_bcast(kf + j * D + d, W), q, a[j]);
-		}
+		if (d / W % sl_pf_every(W, esize) == 0)
+			kva__pfq_site(pq, run, sl_pf_lines(W, esize));
+		for (int j = 0; j < SL_TB; j++)
+			a[j] = _mm512_fmadd_ps(sl_bcast(kf + j * D + d, W), q, a[j]);
 	}
 	/* fold the slices: W tokens' GP heads a vector */
 	s += (size_t)(i / W) * 16;
@@ -544,11 +552,12 @@ AI void sl_out_token(const struct kva__rows *bk, size_t off, const float *pv, in
  * every head. A prefetch step every 8 tokens.
  */
 AI void sl_out_pass(const struct kva__tile *t, const struct kva__rows *bk, size_t hoff,
-		    struct kva__pf *pf, const float *s, int c0, const enum kva_dtype dt, int NC,
-		    const int nc, const int W)
+		    struct kva__pfq *pq, const char *run[][2], const float *s,
+		    int c0, const enum kva_dtype dt, int NC, const int nc, const int W)
 {
 	const int D = NC * 16, GP = 16 / W, G = t->group, n = bk->n;
-	const size_t off = hoff + (size_t)c0 * 16 * kva__esize(dt);
+	const size_t esize = kva__esize(dt), off = hoff + (size_t)c0 * 16 * esize;
+	const int L = sl_pf_lines(W, esize), S = sl_pf_every(W, esize);
 	__m512 acc[16];
 	int i = 0;
 
@@ -559,19 +568,21 @@ AI void sl_out_pass(const struct kva__tile *t, const struct kva__rows *bk, size_
 	for (; i + W <= n; i += W) {
 		const float *pv = s + (size_t)(i / W) * 16;
 
-		if (i % 8 == 0)
-			kva__pf_step(pf);
-		for (int tt = 0; tt < W; tt++)
+		for (int tt = 0; tt < W; tt++) {
+			if ((i + tt) % S == 0)
+				kva__pfq_site(pq, run, L);
 			sl_out_token(bk, off, pv, i + tt, acc, dt, tt, nc, W);
+		}
 	}
 	if (i < n) { /* the block's last 1 to W - 1 tokens */
 		const float *pv = s + (size_t)(i / W) * 16;
 
-		if (i % 8 == 0)
-			kva__pf_step(pf);
 		for (int tt = 0; tt < W - 1; tt++)
-			if (i + tt < n)
+			if (i + tt < n) {
+				if ((i + tt) % S == 0)
+					kva__pfq_site(pq, run, L);
 				sl_out_token(bk, off, pv, i + tt, acc, dt, tt, nc, W);
+			}
 	}
 	for (int g = 0; g < GP && g < G; g++)
 		for (int cc = 0; cc < nc; cc++)
@@ -603,11 +614,12 @@ AI void sl_block(const struct kva__tile *t, const struct kva__rows *bk, struct k
 	_Alignas(64) float kf[SL_TB * KVA__SLICED_MAX_DIM];
 	_Alignas(64) float ks[KVA__BLOCK_TOKENS], vs[KVA__BLOCK_TOKENS], r[16];
 	__m512 mv = minf, mold, mnew, rv, lv, psum = _mm512_setzero_ps();
+	const char *run[KVA__PFQ_RUNS][2];
+	struct kva__pfq pq;
 
-	for (int i = 0; i < n; i += SL_TB) {
-		kva__pf_step(pf);
-		sl_scores(t, bk, pf, hoff, i, s, kf, dt, NC, W);
-	}
+	kva__pfq_begin(pf, &pq, run);
+	for (int i = 0; i < n; i += SL_TB)
+		sl_scores(t, bk, &pq, run, hoff, i, s, kf, dt, NC, W);
 	if (scaled)
 		kva__scales_at(t, tb, n, t->kv_head, ks, vs);
 	/* the block's maxima; a pad head's lanes and a token's past the end
@@ -621,7 +633,6 @@ AI void sl_block(const struct kva__tile *t, const struct kva__rows *bk, struct k
 		_mm512_store_ps(s + 16 * k, x);
 		mv = _mm512_max_ps(mv, x);
 	}
-	kva__pf_step(pf);
 	/* the running state, spread over the lanes: a pad head's lanes 0 */
 	mold = _mm512_permutexvar_ps(heads, _mm512_maskz_loadu_ps(gmask, t->m));
 	lv = _mm512_permutexvar_ps(heads, _mm512_maskz_loadu_ps(gmask, t->l));
@@ -645,23 +656,19 @@ AI void sl_block(const struct kva__tile *t, const struct kva__rows *bk, struct k
 		if (r[g] != 1.0f)
 			sl_scale_acc(t, g, NC, r[g]);
 	for (int c0 = 0; c0 + W <= NC; c0 += W)
-		sl_out_pass(t, bk, hoff, pf, s, c0, dt, NC, W, W);
+		sl_out_pass(t, bk, hoff, &pq, run, s, c0, dt, NC, W, W);
 	/* the last NC % W chunks (head_dim 80, 96: NC 5, 6 at W 2 or 4) */
 	if (W == 2 && NC % 2)
-		sl_out_pass(t, bk, hoff, pf, s, NC - 1, dt, NC, 1, W);
+		sl_out_pass(t, bk, hoff, &pq, run, s, NC - 1, dt, NC, 1, W);
 	else if (W == 4 && NC % 4 == 1)
-		sl_out_pass(t, bk, hoff, pf, s, NC - 1, dt, NC, 1, W);
+		sl_out_pass(t, bk, hoff, &pq, run, s, NC - 1, dt, NC, 1, W);
 	else if (W == 4 && NC % 4 == 2)
-		sl_out_pass(t, bk, hoff, pf, s, NC - 2, dt, NC, 2, W);
+		sl_out_pass(t, bk, hoff, &pq, run, s, NC - 2, dt, NC, 2, W);
 	else if (W == 4 && NC % 4 == 3)
-		sl_out_pass(t, bk, hoff, pf, s, NC - 3, dt, NC, 3, W);
+		sl_out_pass(t, bk, hoff, &pq, run, s, NC - 3, dt, NC, 3, W);
+	kva__pfq_end(&pq, run);
 }
 
-/* the prefetch steps of a sliced turn at a block of n tokens */
-static int sl_steps(int W, int NC, int n)
-{
-	return (n + SL_TB - 1) / SL_TB * SL_STEPS + 1 + (NC + W - 1) / W * ((n + 7) / 8);
-}
 
 /* One KV head's turn at a block: score, fold into the softmax state, accumulate. */
 AI void head_block(const struct kva__tile *t, const struct kva__rows *bk,
@@ -778,8 +785,8 @@ static int head_steps(int G, int NC, int n)
 	const int gp = kva__avx512_gp(G, NC * 16);
 	int tb = G == 1 ? 16 : G == 2 ? 8 : 4;
 
-	if (gp)
-		return sl_steps(16 / gp, NC, n);
+	if (gp) /* the sliced tile asks for a turn's lines at its sites, not in steps */
+		return 1;
 
 	return (n + tb - 1) / tb + acc_parts(G, NC) * ((n + ACC_STEP - 1) / ACC_STEP);
 }

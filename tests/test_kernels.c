@@ -16,6 +16,7 @@
 #include <spawn.h>
 #include <setjmp.h>
 #include <stdarg.h>
+#include <stdbool.h>
 #include <stddef.h>
 #include <stdio.h>
 #include <stdlib.h>
@@ -30,6 +31,23 @@
 #endif
 
 #include "decode_math.h"
+
+/* the cursors' prefetches counted, where a test asks (test_pfq_...) */
+static struct {
+	bool on;
+	size_t n;
+	const char *line[8192];
+} pf_log;
+
+#define KVA__PREFETCH(a)                                                  \
+	do {                                                              \
+		const char *pf_a_ = (const char *)(a);                    \
+                                                                          \
+		if (pf_log.on && pf_log.n < 8192)                         \
+			pf_log.line[pf_log.n++] = pf_a_;                  \
+		__builtin_prefetch(pf_a_, 0, 2);                          \
+	} while (0)
+
 #include "kernels_pvt.h"
 #include "kvarena.h"
 #include "testutil.h"
@@ -822,6 +840,95 @@ static void test_prefetch_cursor_reads_the_block_in_address_order(void **state)
 						check_cursor(&c, pages, ps, ps + 47, 2, 3, 7, h);
 					check_cursor(&c, pages, 0, ps * 12 < 100 ? ps * 12 : 100, 0, 8, 16,
 						     7);
+					cache_free(&c);
+				}
+}
+
+/*
+ * The sliced AVX-512 tile's cursor (kva__pfq_*): a turn's runs listed, L
+ * lines a site for any number of sites, what they left at the turn's end,
+ * then the step cursor's kva__pf_lines(-1) as the tile calls it: exactly
+ * the lines the step cursor asks for, in its order, none twice, whatever
+ * the layout (HND, NHD, pads), page size (runs of a page, of a row), dtype
+ * and cut of the block; and a site past the last line asks for nothing.
+ */
+static void check_pfq(const struct cache *c, const int32_t *pages, int32_t t0, int32_t t1,
+		      int32_t heads, uint64_t *rng)
+{
+	const struct kva_kv_desc *kv = &c->kv;
+	const size_t row = (size_t)kv->head_dim * kva_dtype_size(kv->dtype);
+	const struct kva__tile t = { .kv = kv, .pages = pages, .t0 = t0, .t1 = t1,
+				     .kv_head = 0, .heads = heads, .group = 1 };
+	static const char *want[8192];
+
+	for (int32_t tb = t0; tb < t1; tb += KVA__BLOCK_TOKENS) {
+		struct kva__rows rows;
+
+		kva__rows_at(&t, tb, &rows);
+		for (int32_t h = 0; h < heads; h++) {
+			static const int lines[] = { 1, 2, 4 };
+			const int L = lines[tu_rand(rng) % 3];
+			const int sites = (int)(tu_rand(rng) % 900);
+			const char *run[KVA__PFQ_RUNS][2];
+			struct kva__pf a, b;
+			struct kva__pfq q;
+			size_t nwant;
+
+			kva__pf_begin_head(&a, &t, &rows, h, row, 7);
+			b = a;
+			pf_log.on = true;
+			pf_log.n = 0;
+			kva__pf_lines(&a, -1);
+			nwant = pf_log.n;
+			assert_true(nwant > 0 && nwant < 8192);
+			memcpy(want, pf_log.line, nwant * sizeof(want[0]));
+
+			pf_log.n = 0;
+			kva__pfq_begin(&b, &q, run);
+			assert_true(q.n > 0 && q.n <= KVA__PFQ_RUNS);
+			for (int k = 0; k < sites; k++)
+				kva__pfq_site(&q, run, L);
+			kva__pfq_end(&q, run);
+			kva__pf_lines(&b, -1);
+			pf_log.on = false;
+			assert_true(b.part >= 2 && b.left == 0);
+			if (pf_log.n != nwant)
+				fail_msg("block %d head %d, L %d, %d sites: %zu lines, the steps' %zu",
+					 tb, h, L, sites, pf_log.n, nwant);
+			for (size_t i = 0; i < nwant; i++)
+				assert_ptr_equal(pf_log.line[i], want[i]);
+			/* past the turn's lines a site asks for none */
+			pf_log.on = true;
+			pf_log.n = 0;
+			kva__pfq_site(&q, run, L);
+			pf_log.on = false;
+			assert_int_equal(pf_log.n, 0);
+		}
+	}
+}
+
+static void test_pfq_asks_for_the_lines_the_steps_do(void **state)
+{
+	static const enum order orders[] = { HND, NHD };
+	static const int32_t pads[] = { 0, 8, 32 }, page_sizes[] = { 16, 32, 5, 1 };
+	static const enum kva_dtype dts[] = { KVA_F16, KVA_F32, KVA_INT8 };
+	uint64_t rng = 0x243f6a8885a308d3ull;
+
+	(void)state;
+	for (unsigned o = 0; o < 2; o++)
+		for (unsigned p = 0; p < 3; p++)
+			for (unsigned z = 0; z < 4; z++)
+				for (unsigned d = 0; d < 3; d++) {
+					const int32_t ps = page_sizes[z], npages = 64;
+					int32_t pages[64];
+					struct cache c;
+
+					cache_make(&c, dts[d], npages, ps, 8, 128, orders[o], pads[p]);
+					for (int32_t i = 0; i < npages; i++)
+						pages[i] = (int32_t)((i * 37 + 11) % npages);
+					/* whole blocks, and a last one cut short */
+					check_pfq(&c, pages, 0, ps * 12 < 100 ? ps * 12 : 100, 3, &rng);
+					check_pfq(&c, pages, ps, ps + 47 + 48, 2, &rng);
 					cache_free(&c);
 				}
 }
@@ -1920,6 +2027,7 @@ int main(void)
 		cmocka_unit_test(test_long_context_past_16k),
 		cmocka_unit_test(test_strides_nhd_hnd_and_padding),
 		cmocka_unit_test(test_prefetch_cursor_reads_the_block_in_address_order),
+		cmocka_unit_test(test_pfq_asks_for_the_lines_the_steps_do),
 		cmocka_unit_test(test_turn_cursor_reads_the_next_turn),
 		cmocka_unit_test(test_every_pf_step_computes_the_same),
 		cmocka_unit_test(test_pf_step_follows_the_prefetches_kept),
