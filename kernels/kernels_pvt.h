@@ -514,12 +514,14 @@ static inline void kva__pf_step(struct kva__pf *pf)
 #define KVA__PFQ_RUNS (2 * KVA__BLOCK_TOKENS)
 
 struct kva__pfq {
-	const char *p, *end; /* the run being asked for: its next line, and its end */
-	int r, n;            /* the list's next run, and its runs */
+	const char *p, *end;    /* the run being asked for: its next line, and its end */
+	const char *(*run)[2];  /* the turn's runs, [first line, end) */
+	int r, n;               /* the list's next run, and its runs */
+	int per;                /* lines a kva__pfq_step asks for (the cursor's) */
+	bool spaced;            /* a line at a time with the counts (!pf->tight) */
 };
 
-/* the cursor's runs (up to KVA__PFQ_RUNS: all of a turn's) into @run,
- * [first line, end); how many */
+/* the cursor's runs (up to KVA__PFQ_RUNS: all of a turn's) into @run; how many */
 static __attribute__((noinline)) int kva__pfq_fill(struct kva__pf *pf, const char *run[][2])
 {
 	int n = 0;
@@ -534,45 +536,86 @@ static __attribute__((noinline)) int kva__pfq_fill(struct kva__pf *pf, const cha
 	return n;
 }
 
+/* @q on the turn the cursor @pf is set on, its runs listed in @run */
 static inline __attribute__((always_inline)) void kva__pfq_begin(struct kva__pf *pf,
 								   struct kva__pfq *q,
 								   const char *run[][2])
 {
 	q->p = q->end = NULL;
+	q->run = run;
 	q->r = 0;
 	q->n = kva__pfq_fill(pf, run);
+	q->per = pf->per;
+	q->spaced = !pf->tight;
 }
 
-/* one site: the next @L (1, 2 or 4) lines of the run, or the next run */
-static inline __attribute__((always_inline)) void kva__pfq_site(struct kva__pfq *q,
-								  const char *run[][2], const int L)
+/* the next run's first line where the run has ended; false past the last */
+static inline __attribute__((always_inline)) bool kva__pfq_run(struct kva__pfq *q)
 {
-	if (q->p < q->end) {
-		KVA__PREFETCH(q->p);
-		for (int l = 1; l < L; l++)
+	if (q->p < q->end)
+		return true;
+	if (q->r >= q->n)
+		return false;
+	q->p = q->run[q->r][0];
+	q->end = q->run[q->r][1];
+	q->r++;
+	return true;
+}
+
+/* one site: the next @L lines of the run (fewer where it ends), the next
+ * run's first where it has ended */
+static inline __attribute__((always_inline)) void kva__pfq_site(struct kva__pfq *q, const int L)
+{
+	if (!kva__pfq_run(q))
+		return;
+	if (q->end - q->p >= 64 * L) {
+		for (int l = 0; l < L; l++)
+			KVA__PREFETCH(q->p + 64 * l);
+	} else {
+		for (int l = 0; l < L; l++)
 			if (q->p + 64 * l < q->end)
 				KVA__PREFETCH(q->p + 64 * l);
-		q->p += 64 * L;
-	} else if (q->r < q->n) {
-		q->p = run[q->r][0];
-		q->end = run[q->r][1];
-		q->r++;
+	}
+	q->p += 64 * L;
+}
+
+/*
+ * One step: q->per lines, from run to run, as kva__pf_step asks for them
+ * (the same lines a step, kva__pfq_end the rest), but inline and with the
+ * run's state in registers. @q NULL (a noinline tail's, whose loops must
+ * not take the state's address): nothing, left to kva__pfq_end.
+ */
+static inline __attribute__((always_inline)) void kva__pfq_step(struct kva__pfq *q)
+{
+	int left;
+
+	if (!q)
+		return;
+	if (q->spaced) { /* as kva__pf_lines does on a core that drops a burst */
+		for (left = q->per; left > 0 && kva__pfq_run(q); left--) {
+			KVA__PREFETCH(q->p);
+			q->p += 64;
+		}
+		return;
+	}
+	for (left = q->per; left > 0 && kva__pfq_run(q);) {
+		const char *stop = q->end - q->p > 64 * (ptrdiff_t)left ? q->p + 64 * left : q->end;
+
+		left -= (int)((stop - q->p) / 64);
+		do {
+			KVA__PREFETCH(q->p);
+			q->p += 64;
+		} while (q->p < stop);
 	}
 }
 
 /* the turn's end: the rest of the run and of the list (the cursor's own
  * runs past it are kva__pf_lines(-1)'s) */
-static inline void kva__pfq_end(struct kva__pfq *q, const char *run[][2])
+static inline void kva__pfq_end(struct kva__pfq *q)
 {
-	for (;;) {
+	while (kva__pfq_run(q))
 		for (; q->p < q->end; q->p += 64)
 			KVA__PREFETCH(q->p);
-		if (q->r >= q->n)
-			break;
-		q->p = run[q->r][0];
-		q->end = run[q->r][1];
-		q->r++;
-	}
 }
 
 /*

@@ -35,11 +35,6 @@
 
 #define AI __attribute__((always_inline)) static inline
 
-/* V rows of a part between prefetch steps, so that the next block's lines
- * are asked for evenly over the output loop as over the scores (4 measured
- * slower; the first part alone every 4th row, 12% slower at group 4) */
-#define ACC_STEP 8
-
 /* lane i = the sum of v[i]'s 16 lanes */
 AI __m512 reduce16(const __m512 v[16])
 {
@@ -103,7 +98,8 @@ AI __mmask16 first(int n)
  * and ng == GB as constants for all but a block's last tile, so that the
  * loops unroll without a test.
  */
-AI void score_body(const struct kva__tile *t, const struct kva__rows *bk, size_t hoff, int i, int g0,
+AI void score_body(const struct kva__tile *t, const struct kva__rows *bk, struct kva__pfq *pf,
+		   size_t hoff, int i, int g0,
 		   float s[][KVA__BLOCK_TOKENS], const enum kva_dtype dt, int NC,
 		   const int GB, const int nt, const int ng)
 {
@@ -120,6 +116,7 @@ AI void score_body(const struct kva__tile *t, const struct kva__rows *bk, size_t
 		kr[tt] = bk->k[i + tt] + hoff;
 	/* registers: 16 accumulators, GB query chunks, one K chunk */
 	for (int c = 0; c < NC; c++) {
+		kva__pfq_step(pf); /* a step a chunk of the first heads' scores */
 		for (int gg = 0; gg < ng; gg++)
 			qv[gg] = _mm512_loadu_ps(t->q + (size_t)(g0 + gg) * D + c * 16);
 		for (int tt = 0; tt < nt; tt++) {
@@ -165,22 +162,23 @@ static __attribute__((noinline)) void score_tail(const struct kva__tile *t,
 						 int g0, float s[][KVA__BLOCK_TOKENS],
 						 enum kva_dtype dt, int NC, int GB, int nt, int ng)
 {
-	score_body(t, bk, hoff, i, g0, s, dt, NC, GB, nt, ng);
+	score_body(t, bk, NULL, hoff, i, g0, s, dt, NC, GB, nt, ng);
 }
 
-AI void score16(const struct kva__tile *t, const struct kva__rows *bk, struct kva__pf *pf,
+AI void score16(const struct kva__tile *t, const struct kva__rows *bk, struct kva__pfq *pf,
 		size_t hoff, int i, int g0, float s[][KVA__BLOCK_TOKENS], const enum kva_dtype dt, int NC,
 		const int TB, const int GB)
 {
 	const int nt = bk->n - i < TB ? bk->n - i : TB;
 	const int ng = t->group - g0 < GB ? t->group - g0 : GB;
 
-	if (g0 == 0)
-		kva__pf_step(pf);
+	/* the prefetch steps with the first heads' scores (head_steps) */
+	if (g0)
+		pf = NULL;
 	if (nt == TB && ng == GB)
-		score_body(t, bk, hoff, i, g0, s, dt, NC, GB, TB, GB);
+		score_body(t, bk, pf, hoff, i, g0, s, dt, NC, GB, TB, GB);
 	else if (nt == TB && GB == 4 && ng == 3) /* a group's last three heads */
-		score_body(t, bk, hoff, i, g0, s, dt, NC, GB, TB, 3);
+		score_body(t, bk, pf, hoff, i, g0, s, dt, NC, GB, TB, 3);
 	else
 		score_tail(t, bk, hoff, i, g0, s, dt, NC, GB, nt, ng);
 }
@@ -192,7 +190,7 @@ AI void score16(const struct kva__tile *t, const struct kva__rows *bk, struct kv
  * embedded broadcast.
  */
 AI void accumulate_body(const struct kva__tile *t, const struct kva__rows *bk, size_t hoff,
-			struct kva__pf *pf, float s[][KVA__BLOCK_TOKENS], int g0, int c0,
+			struct kva__pfq *pf, float s[][KVA__BLOCK_TOKENS], int g0, int c0,
 			const enum kva_dtype dt, int NC, const int CG, const int ng, const int nc)
 {
 	const int D = NC * 16;
@@ -210,8 +208,7 @@ AI void accumulate_body(const struct kva__tile *t, const struct kva__rows *bk, s
 		 * spills them */
 		__asm__("" : "+r"(row));
 
-		if (i % ACC_STEP == 0)
-			kva__pf_step(pf);
+		kva__pfq_step(pf);
 
 		for (int cc = 0; cc < nc; cc++) {
 			__m512 vc = kva__load16(row + (size_t)cc * 16 * esize, dt);
@@ -232,23 +229,22 @@ AI void accumulate_body(const struct kva__tile *t, const struct kva__rows *bk, s
  * is a body with constant counts (accumulate_part) */
 static __attribute__((noinline)) void accumulate_tail(const struct kva__tile *t,
 						      const struct kva__rows *bk, size_t hoff,
-						      struct kva__pf *pf,
 						      float s[][KVA__BLOCK_TOKENS], int g0, int c0,
 						      enum kva_dtype dt, int NC, int CG, int ng,
 						      int nc)
 {
-	accumulate_body(t, bk, hoff, pf, s, g0, c0, dt, NC, CG, ng, nc);
+	accumulate_body(t, bk, hoff, NULL, s, g0, c0, dt, NC, CG, ng, nc);
 }
 
 AI void accumulate_part(const struct kva__tile *t, const struct kva__rows *bk, size_t hoff,
-			struct kva__pf *pf, float s[][KVA__BLOCK_TOKENS], int g0, int c0,
+			struct kva__pfq *pf, float s[][KVA__BLOCK_TOKENS], int g0, int c0,
 			const enum kva_dtype dt, int NC, const int GB, const int CG)
 {
 	const int ng = t->group - g0 < GB ? t->group - g0 : GB;
 	const int nc = NC - c0 < CG ? NC - c0 : CG;
 
 	if (nc != CG)
-		accumulate_tail(t, bk, hoff, pf, s, g0, c0, dt, NC, CG, ng, nc);
+		accumulate_tail(t, bk, hoff, s, g0, c0, dt, NC, CG, ng, nc);
 	else if (ng == GB)
 		accumulate_body(t, bk, hoff, pf, s, g0, c0, dt, NC, CG, GB, CG);
 	/* a group's last heads, fewer than GB: constants too (each test names
@@ -260,12 +256,12 @@ AI void accumulate_part(const struct kva__tile *t, const struct kva__rows *bk, s
 	else if (GB > 1 && ng == 1)
 		accumulate_body(t, bk, hoff, pf, s, g0, c0, dt, NC, CG, 1, CG);
 	else
-		accumulate_tail(t, bk, hoff, pf, s, g0, c0, dt, NC, CG, ng, nc);
+		accumulate_tail(t, bk, hoff, s, g0, c0, dt, NC, CG, ng, nc);
 }
 
-/* every part takes a prefetch step every ACC_STEP V rows */
+/* every part takes a prefetch step a V row */
 AI void parts(const struct kva__tile *t, const struct kva__rows *bk, size_t hoff,
-	      struct kva__pf *pf, float s[][KVA__BLOCK_TOKENS], const enum kva_dtype dt,
+	      struct kva__pfq *pf, float s[][KVA__BLOCK_TOKENS], const enum kva_dtype dt,
 	      int NC, const int GB, const int CG)
 {
 	for (int g0 = 0; g0 < t->group; g0 += GB)
@@ -280,7 +276,7 @@ AI void parts(const struct kva__tile *t, const struct kva__rows *bk, size_t hoff
  * Four heads a V chunk when the group has them: fewer conversions a byte.
  */
 AI void accumulate(const struct kva__tile *t, const struct kva__rows *bk, size_t hoff,
-		   struct kva__pf *nx, float s[][KVA__BLOCK_TOKENS],
+		   struct kva__pfq *nx, float s[][KVA__BLOCK_TOKENS],
 		   const enum kva_dtype dt, int NC, const bool ALL)
 {
 	const int G = t->group;
@@ -474,7 +470,7 @@ AI __m512 sl_token_scales(const float *x, int k, const int W)
  * loaded once for the 12 tokens.
  */
 AI void sl_scores(const struct kva__tile *t, const struct kva__rows *bk, struct kva__pfq *pq,
-		  const char *run[][2], size_t hoff, int i, float *s,
+		  size_t hoff, int i, float *s,
 		  float *kf, const enum kva_dtype dt, int NC, const int W)
 {
 	const int D = NC * 16;
@@ -494,7 +490,7 @@ AI void sl_scores(const struct kva__tile *t, const struct kva__rows *bk, struct 
 		const __m512 q = _mm512_load_ps(qb);
 
 		if (d / W % sl_pf_every(W, esize) == 0)
-			kva__pfq_site(pq, run, sl_pf_lines(W, esize));
+			kva__pfq_site(pq, sl_pf_lines(W, esize));
 		for (int j = 0; j < SL_TB; j++)
 			a[j] = _mm512_fmadd_ps(sl_bcast(kf + j * D + d, W), q, a[j]);
 	}
@@ -552,7 +548,7 @@ AI void sl_out_token(const struct kva__rows *bk, size_t off, const float *pv, in
  * every head. A prefetch step every 8 tokens.
  */
 AI void sl_out_pass(const struct kva__tile *t, const struct kva__rows *bk, size_t hoff,
-		    struct kva__pfq *pq, const char *run[][2], const float *s,
+		    struct kva__pfq *pq, const float *s,
 		    int c0, const enum kva_dtype dt, int NC, const int nc, const int W)
 {
 	const int D = NC * 16, GP = 16 / W, G = t->group, n = bk->n;
@@ -570,7 +566,7 @@ AI void sl_out_pass(const struct kva__tile *t, const struct kva__rows *bk, size_
 
 		for (int tt = 0; tt < W; tt++) {
 			if ((i + tt) % S == 0)
-				kva__pfq_site(pq, run, L);
+				kva__pfq_site(pq, L);
 			sl_out_token(bk, off, pv, i + tt, acc, dt, tt, nc, W);
 		}
 	}
@@ -580,7 +576,7 @@ AI void sl_out_pass(const struct kva__tile *t, const struct kva__rows *bk, size_
 		for (int tt = 0; tt < W - 1; tt++)
 			if (i + tt < n) {
 				if ((i + tt) % S == 0)
-					kva__pfq_site(pq, run, L);
+					kva__pfq_site(pq, L);
 				sl_out_token(bk, off, pv, i + tt, acc, dt, tt, nc, W);
 			}
 	}
@@ -619,7 +615,7 @@ AI void sl_block(const struct kva__tile *t, const struct kva__rows *bk, struct k
 
 	kva__pfq_begin(pf, &pq, run);
 	for (int i = 0; i < n; i += SL_TB)
-		sl_scores(t, bk, &pq, run, hoff, i, s, kf, dt, NC, W);
+		sl_scores(t, bk, &pq, hoff, i, s, kf, dt, NC, W);
 	if (scaled)
 		kva__scales_at(t, tb, n, t->kv_head, ks, vs);
 	/* the block's maxima; a pad head's lanes and a token's past the end
@@ -656,17 +652,17 @@ AI void sl_block(const struct kva__tile *t, const struct kva__rows *bk, struct k
 		if (r[g] != 1.0f)
 			sl_scale_acc(t, g, NC, r[g]);
 	for (int c0 = 0; c0 + W <= NC; c0 += W)
-		sl_out_pass(t, bk, hoff, &pq, run, s, c0, dt, NC, W, W);
+		sl_out_pass(t, bk, hoff, &pq, s, c0, dt, NC, W, W);
 	/* the last NC % W chunks (head_dim 80, 96: NC 5, 6 at W 2 or 4) */
 	if (W == 2 && NC % 2)
-		sl_out_pass(t, bk, hoff, &pq, run, s, NC - 1, dt, NC, 1, W);
+		sl_out_pass(t, bk, hoff, &pq, s, NC - 1, dt, NC, 1, W);
 	else if (W == 4 && NC % 4 == 1)
-		sl_out_pass(t, bk, hoff, &pq, run, s, NC - 1, dt, NC, 1, W);
+		sl_out_pass(t, bk, hoff, &pq, s, NC - 1, dt, NC, 1, W);
 	else if (W == 4 && NC % 4 == 2)
-		sl_out_pass(t, bk, hoff, &pq, run, s, NC - 2, dt, NC, 2, W);
+		sl_out_pass(t, bk, hoff, &pq, s, NC - 2, dt, NC, 2, W);
 	else if (W == 4 && NC % 4 == 3)
-		sl_out_pass(t, bk, hoff, &pq, run, s, NC - 3, dt, NC, 3, W);
-	kva__pfq_end(&pq, run);
+		sl_out_pass(t, bk, hoff, &pq, s, NC - 3, dt, NC, 3, W);
+	kva__pfq_end(&pq);
 }
 
 
@@ -691,6 +687,12 @@ AI void head_block(const struct kva__tile *t, const struct kva__rows *bk,
 		sl_block(t, bk, pf, tb, hoff, dt, NC, 1);
 		return;
 	}
+	/* the next turn's lines: a step at each chunk of the first heads'
+	 * scores and at each V row of every output part (head_steps) */
+	const char *run[KVA__PFQ_RUNS][2];
+	struct kva__pfq pq;
+
+	kva__pfq_begin(pf, &pq, run);
 	if (dt == KVA_FP8_E4M3 || dt == KVA_INT8)
 		kva__scales_at(t, tb, bk->n, t->kv_head, ks, vs);
 
@@ -702,22 +704,22 @@ AI void head_block(const struct kva__tile *t, const struct kva__rows *bk,
 	 */
 	if (G == 1) {
 		for (int i = 0; i < bk->n; i += 16)
-			score16(t, bk, pf, hoff, i, 0, s, dt, NC, 16, 1);
+			score16(t, bk, &pq, hoff, i, 0, s, dt, NC, 16, 1);
 	} else if (G == 2) {
 		for (int i = 0; i < bk->n; i += 8)
-			score16(t, bk, pf, hoff, i, 0, s, dt, NC, 8, 2);
+			score16(t, bk, &pq, hoff, i, 0, s, dt, NC, 8, 2);
 	} else if (ALL) {
 		const int rest = G % 4 == 3 ? 0 : G % 4;
 
 		for (int i = 0; i < bk->n; i += 4)
 			for (int g0 = 0; g0 < G - rest; g0 += 4)
-				score16(t, bk, pf, hoff, i, g0, s, dt, NC, 4, 4);
+				score16(t, bk, &pq, hoff, i, g0, s, dt, NC, 4, 4);
 		if (rest == 1)
 			for (int i = 0; i < bk->n; i += 16)
-				score16(t, bk, pf, hoff, i, G - 1, s, dt, NC, 16, 1);
+				score16(t, bk, &pq, hoff, i, G - 1, s, dt, NC, 16, 1);
 		else if (rest == 2)
 			for (int i = 0; i < bk->n; i += 8)
-				score16(t, bk, pf, hoff, i, G - 2, s, dt, NC, 8, 2);
+				score16(t, bk, &pq, hoff, i, G - 2, s, dt, NC, 8, 2);
 	}
 
 	/* fold the block's scores, times the K scales, into each head's
@@ -760,7 +762,8 @@ AI void head_block(const struct kva__tile *t, const struct kva__rows *bk,
 		}
 		t->l[g] += _mm512_reduce_add_ps(psum);
 	}
-	accumulate(t, bk, hoff, pf, s, dt, NC, ALL);
+	accumulate(t, bk, hoff, &pq, s, dt, NC, ALL);
+	kva__pfq_end(&pq);
 }
 
 /* the parts accumulate() cuts a head's output into: its switch, restated */
@@ -779,7 +782,7 @@ static int acc_parts(int G, int NC)
 }
 
 /* the prefetch steps of one head's turn at a block of n tokens: one a
- * score16, one every ACC_STEP V rows of each part */
+ * chunk of each score16 of the first heads, one a V row of each part */
 static int head_steps(int G, int NC, int n)
 {
 	const int gp = kva__avx512_gp(G, NC * 16);
@@ -788,7 +791,7 @@ static int head_steps(int G, int NC, int n)
 	if (gp) /* the sliced tile asks for a turn's lines at its sites, not in steps */
 		return 1;
 
-	return (n + tb - 1) / tb + acc_parts(G, NC) * ((n + ACC_STEP - 1) / ACC_STEP);
+	return (n + tb - 1) / tb * NC + acc_parts(G, NC) * n;
 }
 
 AI void tile(const struct kva__tile *t, const enum kva_dtype dt, int NC, const bool ALL)

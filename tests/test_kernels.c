@@ -845,8 +845,9 @@ static void test_prefetch_cursor_reads_the_block_in_address_order(void **state)
 }
 
 /*
- * The sliced AVX-512 tile's cursor (kva__pfq_*): a turn's runs listed, L
- * lines a site for any number of sites, what they left at the turn's end,
+ * The in-loop cursor (kva__pfq_*): a turn's runs listed, L lines a site
+ * and q->per a step, mixed, for any number of them, what they left at the
+ * turn's end,
  * then the step cursor's kva__pf_lines(-1) as the tile calls it: exactly
  * the lines the step cursor asks for, in its order, none twice, whatever
  * the layout (HND, NHD, pads), page size (runs of a page, of a row), dtype
@@ -886,9 +887,20 @@ static void check_pfq(const struct cache *c, const int32_t *pages, int32_t t0, i
 			pf_log.n = 0;
 			kva__pfq_begin(&b, &q, run);
 			assert_true(q.n > 0 && q.n <= KVA__PFQ_RUNS);
-			for (int k = 0; k < sites; k++)
-				kva__pfq_site(&q, run, L);
-			kva__pfq_end(&q, run);
+			q.per = 1 + (int)(tu_rand(rng) % 23);
+			q.spaced = tu_rand(rng) % 2;
+			for (int k = 0; k < sites; k++) {
+				/* the sliced tile's sites, the other tiles' steps */
+				if (k % 3 == 2)
+					kva__pfq_step(&q);
+				else if (L == 1)
+					kva__pfq_site(&q, 1);
+				else if (L == 2)
+					kva__pfq_site(&q, 2);
+				else
+					kva__pfq_site(&q, 4);
+			}
+			kva__pfq_end(&q);
 			kva__pf_lines(&b, -1);
 			pf_log.on = false;
 			assert_true(b.part >= 2 && b.left == 0);
@@ -900,7 +912,9 @@ static void check_pfq(const struct cache *c, const int32_t *pages, int32_t t0, i
 			/* past the turn's lines a site asks for none */
 			pf_log.on = true;
 			pf_log.n = 0;
-			kva__pfq_site(&q, run, L);
+			kva__pfq_site(&q, 4);
+			kva__pfq_step(&q);
+			kva__pfq_step(NULL);
 			pf_log.on = false;
 			assert_int_equal(pf_log.n, 0);
 		}
@@ -928,7 +942,7 @@ static void test_pfq_asks_for_the_lines_the_steps_do(void **state)
 						pages[i] = (int32_t)((i * 37 + 11) % npages);
 					/* whole blocks, and a last one cut short */
 					check_pfq(&c, pages, 0, ps * 12 < 100 ? ps * 12 : 100, 3, &rng);
-					check_pfq(&c, pages, ps, ps + 47 + 48, 2, &rng);
+					check_pfq(&c, pages, ps, ps + 47 + 12, 2, &rng);
 					cache_free(&c);
 				}
 }
