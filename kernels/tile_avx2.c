@@ -166,29 +166,6 @@ AI float hsum8(__m256 v)
 _Static_assert(KVA__BLOCK_TOKENS * 16 <= KVA__MAX_GROUP * ROW, "token-major scores fit s");
 
 /*
- * Token-major turns (tg_block, groups 4, 8, 16) ask for the next turn's
- * lines at sites inside their loops (kva__pfq_site: the run's next line
- * and end in registers), not in kva__pf_step's calls: every S-th K chunk
- * of each score_body and every S-th token of each output part, L lines a
- * site, for a turn's 12 NC esize lines over about 8 NC G sites (1.5 esize
- * / G a site), so that they are spread evenly and all asked for before the
- * turn ends. The other shapes keep the steps: inline (kva__pfq_step) they
- * read 0.97-1.00 of the call out of cache at groups 1-3 (Intel Xeon
- * family 6 model 207, README twenty-seventh session).
- */
-AI int tg_pf_lines(const int G, size_t esize)
-{
-	return (int)esize * 16 / G >= 16 ? 2 : 1;
-}
-
-AI int tg_pf_every(const int G, size_t esize)
-{
-	const int eg = (int)esize * 16 / G;
-
-	return eg >= 8 ? 1 : eg >= 4 ? 2 : eg >= 2 ? 4 : 8;
-}
-
-/*
  * Score tokens [i, i + nt) x heads [g0, g0 + ng) into s[g][i]: TB x GB dot
  * products, each accumulated in a ymm across head_dim, then reduced 8 (and
  * 4) at a time. The caller passes nt == TB and ng == GB as constants except
@@ -198,8 +175,8 @@ AI int tg_pf_every(const int G, size_t esize)
  * once), else the row length of token-major ones, s[t][g] (tg_block: the
  * sums stored as they come).
  */
-AI void score_body(const struct kva__tile *t, const struct kva__rows *bk, struct kva__pfq *pq,
-		   size_t hoff, int i, int g0, float s[][ROW],
+AI void score_body(const struct kva__tile *t, const struct kva__rows *bk, size_t hoff,
+		   int i, int g0, float s[][ROW],
 		   const enum kva_dtype dt, int NC, const int TB, const int GB, const int nt,
 		   const int ng, const int TG)
 {
@@ -259,8 +236,6 @@ AI void score_body(const struct kva__tile *t, const struct kva__rows *bk, struct
 		return;
 	}
 	for (int c = 0; c < NC; c++) {
-		if (TG && pq && c % tg_pf_every(TG, esize) == 0)
-			kva__pfq_site(pq, tg_pf_lines(TG, esize));
 		if (GB >= 3 || ng > 2) {
 			/* the tokens' K chunks in registers, q from memory
 			 * (ng > 2 implies GB >= 3; said for the shared tail's
@@ -344,7 +319,7 @@ static __attribute__((noinline)) void score_tail(const struct kva__tile *t,
 						 int g0, float s[][ROW], enum kva_dtype dt, int NC,
 						 int TB, int GB, int nt, int ng, int tg)
 {
-	score_body(t, bk, NULL, hoff, i, g0, s, dt, NC, TB, GB, nt, ng, tg);
+	score_body(t, bk, hoff, i, g0, s, dt, NC, TB, GB, nt, ng, tg);
 }
 
 /*
@@ -353,18 +328,17 @@ static __attribute__((noinline)) void score_tail(const struct kva__tile *t,
  * shape too: 9 of the 12 accumulators, not the shared tail's loops
  */
 AI void score_heads(const struct kva__tile *t, const struct kva__rows *bk,
-		    struct kva__pf *pf, struct kva__pfq *pq, size_t hoff, int g0, float s[][ROW],
+		    struct kva__pf *pf, size_t hoff, int g0, float s[][ROW],
 		    const enum kva_dtype dt, int NC, const int TB, const int GB, const int TG)
 {
 	const int ng = t->group - g0 < GB ? t->group - g0 : GB;
 
 	for (int i = 0; i < bk->n; i += TB) {
-		if (!TG) /* token-major: at sites in score_body */
-			kva__pf_step(pf);
+		kva__pf_step(pf);
 		if (bk->n - i >= TB && ng == GB)
-			score_body(t, bk, pq, hoff, i, g0, s, dt, NC, TB, GB, TB, GB, TG);
+			score_body(t, bk, hoff, i, g0, s, dt, NC, TB, GB, TB, GB, TG);
 		else if (GB == 4 && bk->n - i >= TB && ng == 3)
-			score_body(t, bk, pq, hoff, i, g0, s, dt, NC, TB, GB, TB, 3, TG);
+			score_body(t, bk, hoff, i, g0, s, dt, NC, TB, GB, TB, 3, TG);
 		else
 			score_tail(t, bk, hoff, i, g0, s, dt, NC, TB, GB,
 				   bk->n - i < TB ? bk->n - i : TB, ng, TG);
@@ -378,7 +352,7 @@ AI void score_heads(const struct kva__tile *t, const struct kva__rows *bk,
  * chunks loaded again for each pair.
  */
 AI void accumulate_body(const struct kva__tile *t, const struct kva__rows *bk, size_t hoff,
-			struct kva__pf *pf, struct kva__pfq *pq, float s[][ROW], int g0, int c0, const enum kva_dtype dt,
+			struct kva__pf *pf, float s[][ROW], int g0, int c0, const enum kva_dtype dt,
 			int NC, const int CG, const int ng, const int nc, const int PH, const int PT)
 {
 	const int D = NC * 8;
@@ -403,14 +377,11 @@ AI void accumulate_body(const struct kva__tile *t, const struct kva__rows *bk, s
 	/* a prefetch step every acc_step() tokens: the next block's lines
 	 * spread over the output loop as over the scores */
 	for (const char *const *cend; vp < vend;) {
-		if (PT == 1) /* token-major (PT the group): at sites, a token each */
-			kva__pf_step(pf);
+		kva__pf_step(pf);
 		cend = vend - vp > step ? vp + step : vend;
 		for (; vp < cend; vp++, sp += PT) {
 			const char *row = *vp + off;
 
-			if (PT > 1 && pq && (vp - bk->v) % tg_pf_every(PT, esize) == 0)
-				kva__pfq_site(pq, tg_pf_lines(PT, esize));
 			if (ng >= 3 && nc <= 3) {
 				/*
 				 * Four heads (or a group's last three): the
@@ -475,23 +446,23 @@ static __attribute__((noinline)) void accumulate_tail(const struct kva__tile *t,
 						      int c0, enum kva_dtype dt, int NC, int CG,
 						      int ng, int nc, int ph, int pt)
 {
-	accumulate_body(t, bk, hoff, pf, NULL, s, g0, c0, dt, NC, CG, ng, nc, ph, pt);
+	accumulate_body(t, bk, hoff, pf, s, g0, c0, dt, NC, CG, ng, nc, ph, pt);
 }
 
 /* NG heads x chunks [c0, c0 + nc): constants for a whole part and for the
  * last one or two chunks of a 3-chunk part (head_dim 64, 128, 256 leave
  * one or two), so that only an odd head_dim takes the shared tail */
 AI void accumulate_chunks(const struct kva__tile *t, const struct kva__rows *bk, size_t hoff,
-			  struct kva__pf *pf, struct kva__pfq *pq, float s[][ROW], int g0, int c0,
+			  struct kva__pf *pf, float s[][ROW], int g0, int c0,
 			  const enum kva_dtype dt, int NC, const int CG, const int NG, int nc,
 			  const int PH, const int PT)
 {
 	if (nc == CG)
-		accumulate_body(t, bk, hoff, pf, pq, s, g0, c0, dt, NC, CG, NG, CG, PH, PT);
+		accumulate_body(t, bk, hoff, pf, s, g0, c0, dt, NC, CG, NG, CG, PH, PT);
 	else if (nc == 1)
-		accumulate_body(t, bk, hoff, pf, pq, s, g0, c0, dt, NC, CG, NG, 1, PH, PT);
+		accumulate_body(t, bk, hoff, pf, s, g0, c0, dt, NC, CG, NG, 1, PH, PT);
 	else if (nc == 2)
-		accumulate_body(t, bk, hoff, pf, pq, s, g0, c0, dt, NC, CG, NG, 2, PH, PT);
+		accumulate_body(t, bk, hoff, pf, s, g0, c0, dt, NC, CG, NG, 2, PH, PT);
 	else
 		accumulate_tail(t, bk, hoff, pf, s, g0, c0, dt, NC, CG, NG, nc, PH, PT);
 }
@@ -502,16 +473,16 @@ AI void accumulate_chunks(const struct kva__tile *t, const struct kva__rows *bk,
  * loops, whatever the group.
  */
 AI void accumulate_part(const struct kva__tile *t, const struct kva__rows *bk, size_t hoff,
-			struct kva__pf *pf, struct kva__pfq *pq, float s[][ROW], int g0, int c0, const enum kva_dtype dt,
+			struct kva__pf *pf, float s[][ROW], int g0, int c0, const enum kva_dtype dt,
 			int NC, const int GB, const int CG, const int PH, const int PT)
 {
 	const int ng = t->group - g0 < GB ? t->group - g0 : GB;
 	const int nc = NC - c0 < CG ? NC - c0 : CG;
 
 	if (ng == GB)
-		accumulate_chunks(t, bk, hoff, pf, pq, s, g0, c0, dt, NC, CG, GB, nc, PH, PT);
+		accumulate_chunks(t, bk, hoff, pf, s, g0, c0, dt, NC, CG, GB, nc, PH, PT);
 	else if (GB == 4 && ng == 3)
-		accumulate_chunks(t, bk, hoff, pf, pq, s, g0, c0, dt, NC, CG, 3, nc, PH, PT);
+		accumulate_chunks(t, bk, hoff, pf, s, g0, c0, dt, NC, CG, 3, nc, PH, PT);
 	else
 		accumulate_tail(t, bk, hoff, pf, s, g0, c0, dt, NC, CG, ng, nc, PH, PT);
 }
@@ -578,16 +549,16 @@ static inline int part_chunks(int NC, int c0, int CG)
 
 /* heads [g0, g0 + GB) x all chunks, a part at a time */
 AI void accumulate_heads(const struct kva__tile *t, const struct kva__rows *bk, size_t hoff,
-			 struct kva__pf *pf, struct kva__pfq *pq, float s[][ROW], int g0, const enum kva_dtype dt,
+			 struct kva__pf *pf, float s[][ROW], int g0, const enum kva_dtype dt,
 			 int NC, const int GB, const int CG, const int PH, const int PT)
 {
 	for (int c0 = 0; c0 < NC;) {
 		int cg = part_chunks(NC, c0, CG);
 
 		if (cg == 2)
-			accumulate_part(t, bk, hoff, pf, pq, s, g0, c0, dt, NC, GB, 2, PH, PT);
+			accumulate_part(t, bk, hoff, pf, s, g0, c0, dt, NC, GB, 2, PH, PT);
 		else
-			accumulate_part(t, bk, hoff, pf, pq, s, g0, c0, dt, NC, GB, CG, PH, PT);
+			accumulate_part(t, bk, hoff, pf, s, g0, c0, dt, NC, GB, CG, PH, PT);
 		c0 += cg;
 	}
 }
@@ -625,9 +596,9 @@ AI void accumulate(const struct kva__tile *t, const struct kva__rows *bk, size_t
 		const int rest = t->group - g0;
 
 		if (rest >= 3)
-			accumulate_heads(t, bk, hoff, pf, NULL, s, g0, dt, NC, 4, 3, ROW, 1);
+			accumulate_heads(t, bk, hoff, pf, s, g0, dt, NC, 4, 3, ROW, 1);
 		else if (rest == 2)
-			accumulate_heads(t, bk, hoff, pf, NULL, s, g0, dt, NC, 2, 4, ROW, 1);
+			accumulate_heads(t, bk, hoff, pf, s, g0, dt, NC, 2, 4, ROW, 1);
 		else
 			for (int c0 = 0; c0 < NC; c0 += 16) {
 				if (NC - c0 >= 16)
@@ -635,7 +606,7 @@ AI void accumulate(const struct kva__tile *t, const struct kva__rows *bk, size_t
 				else if (one_rows(NC, c0))
 					accumulate_one(t, bk, hoff, pf, s, g0, c0, dt, NC, NC - c0);
 				else
-					accumulate_part(t, bk, hoff, pf, NULL, s, g0, c0, dt, NC, 1, 8, ROW, 1);
+					accumulate_part(t, bk, hoff, pf, s, g0, c0, dt, NC, 1, 8, ROW, 1);
 			}
 	}
 }
@@ -645,9 +616,6 @@ AI void accumulate(const struct kva__tile *t, const struct kva__rows *bk, size_t
  * way, with one head's rows a step every @one_step tokens */
 static int head_steps(int G, int NC, int n, int one_step, bool pf_queue)
 {
-	/* (groups 4, 8 and 16, token-major, take no steps: tg_block's sites;
-	 * counted as the head-major shapes would be, a cursor's per is all
-	 * this sets) */
 	int steps = G; /* the softmax: one a query head */
 
 	for (int g0 = 0; g0 < G; g0 += 4) {
@@ -792,8 +760,8 @@ AI __m256 token_lanes(const float *x, int k, const int G)
  * time: the K scales into the scores before the maxima, the V scales into
  * p after l's sum, each token's in its lanes (a pad's K scale 1 and V
  * scale 0 keep it -inf and 0, whatever fp8's one scale a head is).
- * The next turn's lines are asked for at sites in the scores' and the
- * output's loops (kva__pfq_site, tg_pf_lines above), none in the softmax.
+ * The prefetch steps are head_block()'s: the scores' and outputs' the
+ * same, the softmax's G (6 vectors each).
  */
 AI void tg_block(const struct kva__tile *t, const struct kva__rows *bk, struct kva__pf *pf,
 		 int32_t tb, size_t hoff, const enum kva_dtype dt, int NC, const int G)
@@ -810,12 +778,9 @@ AI void tg_block(const struct kva__tile *t, const struct kva__rows *bk, struct k
 
 	const bool knan = dt == KVA_FP8_E4M3 && fp8_any_nan(bk->k, n, hoff, NC * 8);
 	const bool vnan = dt == KVA_FP8_E4M3 && fp8_any_nan(bk->v, n, hoff, NC * 8);
-	const char *run[KVA__PFQ_RUNS][2];
-	struct kva__pfq pq;
 
-	kva__pfq_begin(pf, &pq, run);
 	for (int g0 = 0; g0 < G; g0 += 4)
-		score_heads(t, bk, pf, &pq, hoff, g0, s, dt, NC, 3, 4, G);
+		score_heads(t, bk, pf, hoff, g0, s, dt, NC, 3, 4, G);
 	if (knan)
 		fp8_nan_scores(bk->k, n, hoff, NC * 8, st, G, 1, G);
 	/* a tail of half a vector (G 4, n odd): the upper 4 lanes are no token
@@ -855,6 +820,7 @@ AI void tg_block(const struct kva__tile *t, const struct kva__rows *bk, struct k
 	for (int k0 = 0; k0 < 6 * G; k0 += 6) { /* a block's vectors, 6 a step */
 		const int k1 = k0 + 6 < nvec ? k0 + 6 : nvec;
 
+		kva__pf_step(pf);
 		for (int k = k0; k < k1; k++) {
 			/* exp2(-inf - m) is 2^-126, not 0: a lane of no token is
 			 * masked to 0 */
@@ -885,8 +851,7 @@ AI void tg_block(const struct kva__tile *t, const struct kva__rows *bk, struct k
 		if (r[g] != 1.0f)
 			scale_acc(t, g, NC, r[g]);
 	for (int g0 = 0; g0 < G; g0 += 4)
-		accumulate_heads(t, bk, hoff, pf, &pq, s, g0, dt, NC, 4, 3, 1, G);
-	kva__pfq_end(&pq);
+		accumulate_heads(t, bk, hoff, pf, s, g0, dt, NC, 4, 3, 1, G);
 	if (vnan)
 		fp8_nan_columns(t, bk->v, n, hoff, NC * 8);
 }
@@ -921,11 +886,11 @@ AI void head_block(const struct kva__tile *t, const struct kva__rows *bk, struct
 		block_scales(t, tb, bk->n, ks, vs, dt);
 	for (int g0 = 0; g0 < G; g0 += 4)
 		if (G - g0 >= 3)
-			score_heads(t, bk, pf, NULL, hoff, g0, s, dt, NC, 3, 4, 0);
+			score_heads(t, bk, pf, hoff, g0, s, dt, NC, 3, 4, 0);
 		else if (G - g0 == 2)
-			score_heads(t, bk, pf, NULL, hoff, g0, s, dt, NC, 6, 2, 0);
+			score_heads(t, bk, pf, hoff, g0, s, dt, NC, 6, 2, 0);
 		else
-			score_heads(t, bk, pf, NULL, hoff, g0, s, dt, NC, 12, 1, 0);
+			score_heads(t, bk, pf, hoff, g0, s, dt, NC, 12, 1, 0);
 	if (knan)
 		fp8_nan_scores(bk->k, bk->n, hoff, NC * 8, &s[0][0], 1, ROW, G);
 
