@@ -521,12 +521,12 @@ struct kva__pfq {
 	bool spaced;            /* a line at a time with the counts (!pf->tight) */
 };
 
-/* the cursor's runs (up to KVA__PFQ_RUNS: all of a turn's) into @run; how many */
-static __attribute__((noinline)) int kva__pfq_fill(struct kva__pf *pf, const char *run[][2])
+/* the cursor's runs (up to @max <= KVA__PFQ_RUNS: all of a turn's) into @run; how many */
+static __attribute__((noinline)) int kva__pfq_fill(struct kva__pf *pf, const char *run[][2], int max)
 {
 	int n = 0;
 
-	while (n < KVA__PFQ_RUNS && (pf->left || kva__pf_next(pf, &pf->p, &pf->left))) {
+	while (n < max && (pf->left || kva__pf_next(pf, &pf->p, &pf->left))) {
 		run[n][0] = pf->p;
 		pf->p += (size_t)pf->left * 64;
 		run[n][1] = pf->p;
@@ -536,15 +536,17 @@ static __attribute__((noinline)) int kva__pfq_fill(struct kva__pf *pf, const cha
 	return n;
 }
 
-/* @q on the turn the cursor @pf is set on, its runs listed in @run */
+/* @q on the turn the cursor @pf is set on, its first @max runs (all of
+ * them at KVA__PFQ_RUNS; 0: none, the cursor's own steps take them) listed
+ * in @run */
 static inline __attribute__((always_inline)) void kva__pfq_begin(struct kva__pf *pf,
 								   struct kva__pfq *q,
-								   const char *run[][2])
+								   const char *run[][2], int max)
 {
 	q->p = q->end = NULL;
 	q->run = run;
 	q->r = 0;
-	q->n = kva__pfq_fill(pf, run);
+	q->n = max ? kva__pfq_fill(pf, run, max) : 0;
 	q->per = pf->per;
 	q->spaced = !pf->tight;
 }

@@ -35,6 +35,19 @@
 
 #define AI __attribute__((always_inline)) static inline
 
+/*
+ * The dot products' prefetch steps: for groups of 1 and 2 at head_dim 64
+ * and 128, inline (kva__pfq_step, the turn's runs listed) at each K chunk
+ * of the scores and each V row of the output; in the generic instance
+ * (more heads, 4 x 4 tiles: groups 5 and 9-11; other head_dims) the
+ * cursor's call (kva__pf_step) once a score16 and every ACC_STEP V rows of
+ * each part, as before. Paired on Intel Xeon family 6
+ * model 207 (out of cache, f16), the inline steps read groups 1 and 2
+ * 1.04-1.11x as fast as the calls, groups 5, 9 and 11 0.96-0.99 (finer or
+ * not) (README, twenty-seventh session).
+ */
+#define ACC_STEP 8
+
 /* lane i = the sum of v[i]'s 16 lanes */
 AI __m512 reduce16(const __m512 v[16])
 {
@@ -116,7 +129,8 @@ AI void score_body(const struct kva__tile *t, const struct kva__rows *bk, struct
 		kr[tt] = bk->k[i + tt] + hoff;
 	/* registers: 16 accumulators, GB query chunks, one K chunk */
 	for (int c = 0; c < NC; c++) {
-		kva__pfq_step(pf); /* a step a chunk of the first heads' scores */
+		if (GB <= 2) /* a step a chunk (more heads: a call a score16) */
+			kva__pfq_step(pf);
 		for (int gg = 0; gg < ng; gg++)
 			qv[gg] = _mm512_loadu_ps(t->q + (size_t)(g0 + gg) * D + c * 16);
 		for (int tt = 0; tt < nt; tt++) {
@@ -165,7 +179,8 @@ static __attribute__((noinline)) void score_tail(const struct kva__tile *t,
 	score_body(t, bk, NULL, hoff, i, g0, s, dt, NC, GB, nt, ng);
 }
 
-AI void score16(const struct kva__tile *t, const struct kva__rows *bk, struct kva__pfq *pf,
+AI void score16(const struct kva__tile *t, const struct kva__rows *bk, struct kva__pf *cur,
+		struct kva__pfq *pf,
 		size_t hoff, int i, int g0, float s[][KVA__BLOCK_TOKENS], const enum kva_dtype dt, int NC,
 		const int TB, const int GB)
 {
@@ -175,6 +190,8 @@ AI void score16(const struct kva__tile *t, const struct kva__rows *bk, struct kv
 	/* the prefetch steps with the first heads' scores (head_steps) */
 	if (g0)
 		pf = NULL;
+	else if (GB > 2 || !pf)
+		kva__pf_step(cur);
 	if (nt == TB && ng == GB)
 		score_body(t, bk, pf, hoff, i, g0, s, dt, NC, GB, TB, GB);
 	else if (nt == TB && GB == 4 && ng == 3) /* a group's last three heads */
@@ -190,8 +207,10 @@ AI void score16(const struct kva__tile *t, const struct kva__rows *bk, struct kv
  * embedded broadcast.
  */
 AI void accumulate_body(const struct kva__tile *t, const struct kva__rows *bk, size_t hoff,
-			struct kva__pfq *pf, float s[][KVA__BLOCK_TOKENS], int g0, int c0,
-			const enum kva_dtype dt, int NC, const int CG, const int ng, const int nc)
+			struct kva__pf *cur, struct kva__pfq *pf, float s[][KVA__BLOCK_TOKENS],
+			int g0, int c0,
+			const enum kva_dtype dt, int NC, const int CG, const int ng, const int nc,
+			const bool FINE)
 {
 	const int D = NC * 16;
 	const size_t esize = kva__esize(dt);
@@ -208,7 +227,10 @@ AI void accumulate_body(const struct kva__tile *t, const struct kva__rows *bk, s
 		 * spills them */
 		__asm__("" : "+r"(row));
 
-		kva__pfq_step(pf);
+		if (FINE && pf) /* a step a row, inline, or a call every ACC_STEP */
+			kva__pfq_step(pf);
+		else if (i % ACC_STEP == 0 && cur)
+			kva__pf_step(cur);
 
 		for (int cc = 0; cc < nc; cc++) {
 			__m512 vc = kva__load16(row + (size_t)cc * 16 * esize, dt);
@@ -229,44 +251,46 @@ AI void accumulate_body(const struct kva__tile *t, const struct kva__rows *bk, s
  * is a body with constant counts (accumulate_part) */
 static __attribute__((noinline)) void accumulate_tail(const struct kva__tile *t,
 						      const struct kva__rows *bk, size_t hoff,
+						      struct kva__pf *cur,
 						      float s[][KVA__BLOCK_TOKENS], int g0, int c0,
 						      enum kva_dtype dt, int NC, int CG, int ng,
 						      int nc)
 {
-	accumulate_body(t, bk, hoff, NULL, s, g0, c0, dt, NC, CG, ng, nc);
+	accumulate_body(t, bk, hoff, cur, NULL, s, g0, c0, dt, NC, CG, ng, nc, false);
 }
 
 AI void accumulate_part(const struct kva__tile *t, const struct kva__rows *bk, size_t hoff,
-			struct kva__pfq *pf, float s[][KVA__BLOCK_TOKENS], int g0, int c0,
-			const enum kva_dtype dt, int NC, const int GB, const int CG)
+			struct kva__pf *cur, struct kva__pfq *pf, float s[][KVA__BLOCK_TOKENS],
+			int g0, int c0, const enum kva_dtype dt, int NC, const int GB, const int CG)
 {
 	const int ng = t->group - g0 < GB ? t->group - g0 : GB;
 	const int nc = NC - c0 < CG ? NC - c0 : CG;
 
 	if (nc != CG)
-		accumulate_tail(t, bk, hoff, s, g0, c0, dt, NC, CG, ng, nc);
+		accumulate_tail(t, bk, hoff, cur, s, g0, c0, dt, NC, CG, ng, nc);
 	else if (ng == GB)
-		accumulate_body(t, bk, hoff, pf, s, g0, c0, dt, NC, CG, GB, CG);
+		accumulate_body(t, bk, hoff, cur, pf, s, g0, c0, dt, NC, CG, GB, CG, GB <= 2);
 	/* a group's last heads, fewer than GB: constants too (each test names
 	 * GB, so that no instance is made for more heads than GB x CG holds) */
 	else if (GB > 3 && ng == 3)
-		accumulate_body(t, bk, hoff, pf, s, g0, c0, dt, NC, CG, 3, CG);
+		accumulate_body(t, bk, hoff, cur, pf, s, g0, c0, dt, NC, CG, 3, CG, GB <= 2);
 	else if (GB > 2 && ng == 2)
-		accumulate_body(t, bk, hoff, pf, s, g0, c0, dt, NC, CG, 2, CG);
+		accumulate_body(t, bk, hoff, cur, pf, s, g0, c0, dt, NC, CG, 2, CG, GB <= 2);
 	else if (GB > 1 && ng == 1)
-		accumulate_body(t, bk, hoff, pf, s, g0, c0, dt, NC, CG, 1, CG);
+		accumulate_body(t, bk, hoff, cur, pf, s, g0, c0, dt, NC, CG, 1, CG, GB <= 2);
 	else
-		accumulate_tail(t, bk, hoff, s, g0, c0, dt, NC, CG, ng, nc);
+		accumulate_tail(t, bk, hoff, cur, s, g0, c0, dt, NC, CG, ng, nc);
 }
 
-/* every part takes a prefetch step a V row */
+/* every part takes a prefetch step a V row (groups 1 and 2), or every ACC_STEP */
 AI void parts(const struct kva__tile *t, const struct kva__rows *bk, size_t hoff,
-	      struct kva__pfq *pf, float s[][KVA__BLOCK_TOKENS], const enum kva_dtype dt,
+	      struct kva__pf *cur, struct kva__pfq *pf, float s[][KVA__BLOCK_TOKENS],
+	      const enum kva_dtype dt,
 	      int NC, const int GB, const int CG)
 {
 	for (int g0 = 0; g0 < t->group; g0 += GB)
 		for (int c0 = 0; c0 < NC; c0 += CG)
-			accumulate_part(t, bk, hoff, pf, s, g0, c0, dt, NC, GB, CG);
+			accumulate_part(t, bk, hoff, cur, pf, s, g0, c0, dt, NC, GB, CG);
 }
 
 /*
@@ -276,7 +300,7 @@ AI void parts(const struct kva__tile *t, const struct kva__rows *bk, size_t hoff
  * Four heads a V chunk when the group has them: fewer conversions a byte.
  */
 AI void accumulate(const struct kva__tile *t, const struct kva__rows *bk, size_t hoff,
-		   struct kva__pfq *nx, float s[][KVA__BLOCK_TOKENS],
+		   struct kva__pf *cur, struct kva__pfq *nx, float s[][KVA__BLOCK_TOKENS],
 		   const enum kva_dtype dt, int NC, const bool ALL)
 {
 	const int G = t->group;
@@ -290,45 +314,45 @@ AI void accumulate(const struct kva__tile *t, const struct kva__rows *bk, size_t
 	switch (NC) {
 	case 4:
 		if (G == 1)
-			parts(t, bk, hoff, nx, s, dt, NC, 1, 4);
+			parts(t, bk, hoff, cur, nx, s, dt, NC, 1, 4);
 		else if (G == 2)
-			parts(t, bk, hoff, nx, s, dt, NC, 2, 4);
+			parts(t, bk, hoff, cur, nx, s, dt, NC, 2, 4);
 		else
-			parts(t, bk, hoff, nx, s, dt, NC, 4, 4);
+			parts(t, bk, hoff, cur, nx, s, dt, NC, 4, 4);
 		return;
 	case 5:
 		if (G == 1)
-			parts(t, bk, hoff, nx, s, dt, NC, 1, 5);
+			parts(t, bk, hoff, cur, nx, s, dt, NC, 1, 5);
 		else
-			parts(t, bk, hoff, nx, s, dt, NC, 2, 5);
+			parts(t, bk, hoff, cur, nx, s, dt, NC, 2, 5);
 		return;
 	case 6:
 		if (G == 1)
-			parts(t, bk, hoff, nx, s, dt, NC, 1, 6);
+			parts(t, bk, hoff, cur, nx, s, dt, NC, 1, 6);
 		else
-			parts(t, bk, hoff, nx, s, dt, NC, 2, 6);
+			parts(t, bk, hoff, cur, nx, s, dt, NC, 2, 6);
 		return;
 	case 8:
 		if (G == 1)
-			parts(t, bk, hoff, nx, s, dt, NC, 1, 8);
+			parts(t, bk, hoff, cur, nx, s, dt, NC, 1, 8);
 		else if (G == 2)
-			parts(t, bk, hoff, nx, s, dt, NC, 2, 8);
+			parts(t, bk, hoff, cur, nx, s, dt, NC, 2, 8);
 		else
-			parts(t, bk, hoff, nx, s, dt, NC, 4, 4);
+			parts(t, bk, hoff, cur, nx, s, dt, NC, 4, 4);
 		return;
 	case 16:
 		if (G == 1)
-			parts(t, bk, hoff, nx, s, dt, NC, 1, 16);
+			parts(t, bk, hoff, cur, nx, s, dt, NC, 1, 16);
 		else if (G == 2)
-			parts(t, bk, hoff, nx, s, dt, NC, 2, 8);
+			parts(t, bk, hoff, cur, nx, s, dt, NC, 2, 8);
 		else
-			parts(t, bk, hoff, nx, s, dt, NC, 4, 4);
+			parts(t, bk, hoff, cur, nx, s, dt, NC, 4, 4);
 		return;
 	default:
 		if (G == 1)
-			parts(t, bk, hoff, nx, s, dt, NC, 1, 16);
+			parts(t, bk, hoff, cur, nx, s, dt, NC, 1, 16);
 		else
-			parts(t, bk, hoff, nx, s, dt, NC, 4, 4);
+			parts(t, bk, hoff, cur, nx, s, dt, NC, 4, 4);
 		return;
 	}
 }
@@ -613,7 +637,7 @@ AI void sl_block(const struct kva__tile *t, const struct kva__rows *bk, struct k
 	const char *run[KVA__PFQ_RUNS][2];
 	struct kva__pfq pq;
 
-	kva__pfq_begin(pf, &pq, run);
+	kva__pfq_begin(pf, &pq, run, KVA__PFQ_RUNS);
 	for (int i = 0; i < n; i += SL_TB)
 		sl_scores(t, bk, &pq, hoff, i, s, kf, dt, NC, W);
 	if (scaled)
@@ -687,12 +711,14 @@ AI void head_block(const struct kva__tile *t, const struct kva__rows *bk,
 		sl_block(t, bk, pf, tb, hoff, dt, NC, 1);
 		return;
 	}
-	/* the next turn's lines: a step at each chunk of the first heads'
-	 * scores and at each V row of every output part (head_steps) */
+	/* the next turn's lines (head_steps): groups 1 and 2 from the list
+	 * (kva__pfq_step, inline), more heads from the cursor (kva__pf_step) */
 	const char *run[KVA__PFQ_RUNS][2];
 	struct kva__pfq pq;
 
-	kva__pfq_begin(pf, &pq, run);
+	struct kva__pfq *dq = ALL ? NULL : &pq; /* the generic instance: calls */
+
+	kva__pfq_begin(pf, &pq, run, !ALL && G <= 2 ? KVA__PFQ_RUNS : 0);
 	if (dt == KVA_FP8_E4M3 || dt == KVA_INT8)
 		kva__scales_at(t, tb, bk->n, t->kv_head, ks, vs);
 
@@ -704,22 +730,22 @@ AI void head_block(const struct kva__tile *t, const struct kva__rows *bk,
 	 */
 	if (G == 1) {
 		for (int i = 0; i < bk->n; i += 16)
-			score16(t, bk, &pq, hoff, i, 0, s, dt, NC, 16, 1);
+			score16(t, bk, pf, dq, hoff, i, 0, s, dt, NC, 16, 1);
 	} else if (G == 2) {
 		for (int i = 0; i < bk->n; i += 8)
-			score16(t, bk, &pq, hoff, i, 0, s, dt, NC, 8, 2);
+			score16(t, bk, pf, dq, hoff, i, 0, s, dt, NC, 8, 2);
 	} else if (ALL) {
 		const int rest = G % 4 == 3 ? 0 : G % 4;
 
 		for (int i = 0; i < bk->n; i += 4)
 			for (int g0 = 0; g0 < G - rest; g0 += 4)
-				score16(t, bk, &pq, hoff, i, g0, s, dt, NC, 4, 4);
+				score16(t, bk, pf, dq, hoff, i, g0, s, dt, NC, 4, 4);
 		if (rest == 1)
 			for (int i = 0; i < bk->n; i += 16)
-				score16(t, bk, &pq, hoff, i, G - 1, s, dt, NC, 16, 1);
+				score16(t, bk, pf, dq, hoff, i, G - 1, s, dt, NC, 16, 1);
 		else if (rest == 2)
 			for (int i = 0; i < bk->n; i += 8)
-				score16(t, bk, &pq, hoff, i, G - 2, s, dt, NC, 8, 2);
+				score16(t, bk, pf, dq, hoff, i, G - 2, s, dt, NC, 8, 2);
 	}
 
 	/* fold the block's scores, times the K scales, into each head's
@@ -762,7 +788,7 @@ AI void head_block(const struct kva__tile *t, const struct kva__rows *bk,
 		}
 		t->l[g] += _mm512_reduce_add_ps(psum);
 	}
-	accumulate(t, bk, hoff, &pq, s, dt, NC, ALL);
+	accumulate(t, bk, hoff, pf, dq, s, dt, NC, ALL);
 	kva__pfq_end(&pq);
 }
 
@@ -781,8 +807,9 @@ static int acc_parts(int G, int NC)
 	return (G + GB - 1) / GB * ((NC + CG - 1) / CG);
 }
 
-/* the prefetch steps of one head's turn at a block of n tokens: one a
- * chunk of each score16 of the first heads, one a V row of each part */
+/* the prefetch steps of one head's turn at a block of n tokens: groups 1
+ * and 2 one a K chunk of each score16 and one a V row of each part, more
+ * heads one a score16 of the first four and one every ACC_STEP V rows */
 static int head_steps(int G, int NC, int n)
 {
 	const int gp = kva__avx512_gp(G, NC * 16);
@@ -791,7 +818,9 @@ static int head_steps(int G, int NC, int n)
 	if (gp) /* the sliced tile asks for a turn's lines at its sites, not in steps */
 		return 1;
 
-	return (n + tb - 1) / tb * NC + acc_parts(G, NC) * n;
+	if (G <= 2)
+		return (n + tb - 1) / tb * NC + acc_parts(G, NC) * n;
+	return (n + tb - 1) / tb + acc_parts(G, NC) * ((n + ACC_STEP - 1) / ACC_STEP);
 }
 
 AI void tile(const struct kva__tile *t, const enum kva_dtype dt, int NC, const bool ALL)

@@ -885,7 +885,7 @@ static void check_pfq(const struct cache *c, const int32_t *pages, int32_t t0, i
 			memcpy(want, pf_log.line, nwant * sizeof(want[0]));
 
 			pf_log.n = 0;
-			kva__pfq_begin(&b, &q, run);
+			kva__pfq_begin(&b, &q, run, KVA__PFQ_RUNS);
 			assert_true(q.n > 0 && q.n <= KVA__PFQ_RUNS);
 			q.per = 1 + (int)(tu_rand(rng) % 23);
 			q.spaced = tu_rand(rng) % 2;
