@@ -490,19 +490,21 @@ static inline void kva__pf_step(struct kva__pf *pf)
 }
 
 /*
- * A turn's lines asked for from inside the FMA loops, not in steps: the
- * sliced AVX-512 tile's cursor (tile_avx512.c). The turn's runs are listed
- * when it starts (kva__pfq_begin, from the cursor above: at most two a
- * token, a page's K and V pieces of one head where pages are whole, a row
- * each where they are not), and every S-th iteration of the scores' and
- * the output's loops asks for the next L lines of the run it is in
- * (kva__pfq_site), the run's next line and end held in two registers: a
- * compare, L prefetches and an add, where a step was a call, a line loop
- * with two counts and its state's loads and stores. kva__pfq_end asks for
- * what the sites left (a turn of fewer tokens than the one it prefetches
- * for). No site calls anything: a call in the loops (to fill the list
- * again, with a shorter list) kept the loops' general registers in memory
- * and cost more than the cursor it replaced.
+ * A turn's lines asked for from inside the FMA loops, inline: the AVX-512
+ * tile's cursor (tile_avx512.c: its sliced groups, and its dot products
+ * for groups 1 and 2). The turn's runs are listed when it starts
+ * (kva__pfq_begin, from the cursor above: at most two a token, a page's K
+ * and V pieces of one head where pages are whole, a row each where they
+ * are not), and every S-th iteration of the scores' and the output's loops
+ * asks for the next L lines of the run it is in (kva__pfq_site; the dot
+ * products q->per lines a step, kva__pfq_step), the run's next line and
+ * end held in two registers: a compare, the prefetches and an add, where a
+ * step was a call, a line loop with two counts and its state's loads and
+ * stores. kva__pfq_end asks for what the sites left (a turn of fewer
+ * tokens than the one it prefetches for). No site calls anything: a call
+ * in the loops (to fill the list again, with a shorter list) kept the
+ * loops' general registers in memory and cost more than the cursor it
+ * replaced.
  *
  * Why: paired on Intel Xeon family 6 model 207 (AVX-512, kvarena-ab, f16,
  * 2 threads, one page), the build with the cursor's logic but no prefetch
@@ -518,11 +520,11 @@ struct kva__pfq {
 	const char *(*run)[2];  /* the turn's runs, [first line, end) */
 	int r, n;               /* the list's next run, and its runs */
 	int per;                /* lines a kva__pfq_step asks for (the cursor's) */
-	bool spaced;            /* a line at a time with the counts (!pf->tight) */
 };
 
 /* the cursor's runs (up to @max <= KVA__PFQ_RUNS: all of a turn's) into @run; how many */
-static __attribute__((noinline)) int kva__pfq_fill(struct kva__pf *pf, const char *run[][2], int max)
+static __attribute__((noinline, unused)) int kva__pfq_fill(struct kva__pf *pf,
+							     const char *run[][2], int max)
 {
 	int n = 0;
 
@@ -548,7 +550,6 @@ static inline __attribute__((always_inline)) void kva__pfq_begin(struct kva__pf 
 	q->r = 0;
 	q->n = max ? kva__pfq_fill(pf, run, max) : 0;
 	q->per = pf->per;
-	q->spaced = !pf->tight;
 }
 
 /* the next run's first line where the run has ended; false past the last */
@@ -582,32 +583,20 @@ static inline __attribute__((always_inline)) void kva__pfq_site(struct kva__pfq 
 }
 
 /*
- * One step: q->per lines, from run to run, as kva__pf_step asks for them
- * (the same lines a step, kva__pfq_end the rest), but inline and with the
- * run's state in registers. @q NULL (a noinline tail's, whose loops must
- * not take the state's address): nothing, left to kva__pfq_end.
+ * One step: q->per lines, from run to run, a line at a time as
+ * kva__pf_step asks for them where the cursor is not tight (the AVX-512
+ * tile's never is): the same lines a step, kva__pfq_end the rest, but
+ * inline and with the run's state in registers. @q NULL (a noinline
+ * tail's, whose loops must not take the state's address): nothing, left
+ * to kva__pfq_end.
  */
 static inline __attribute__((always_inline)) void kva__pfq_step(struct kva__pfq *q)
 {
-	int left;
-
 	if (!q)
 		return;
-	if (q->spaced) { /* as kva__pf_lines does on a core that drops a burst */
-		for (left = q->per; left > 0 && kva__pfq_run(q); left--) {
-			KVA__PREFETCH(q->p);
-			q->p += 64;
-		}
-		return;
-	}
-	for (left = q->per; left > 0 && kva__pfq_run(q);) {
-		const char *stop = q->end - q->p > 64 * (ptrdiff_t)left ? q->p + 64 * left : q->end;
-
-		left -= (int)((stop - q->p) / 64);
-		do {
-			KVA__PREFETCH(q->p);
-			q->p += 64;
-		} while (q->p < stop);
+	for (int left = q->per; left > 0 && kva__pfq_run(q); left--) {
+		KVA__PREFETCH(q->p);
+		q->p += 64;
 	}
 }
 

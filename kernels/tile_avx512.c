@@ -285,8 +285,7 @@ AI void accumulate_part(const struct kva__tile *t, const struct kva__rows *bk, s
 /* every part takes a prefetch step a V row (groups 1 and 2), or every ACC_STEP */
 AI void parts(const struct kva__tile *t, const struct kva__rows *bk, size_t hoff,
 	      struct kva__pf *cur, struct kva__pfq *pf, float s[][KVA__BLOCK_TOKENS],
-	      const enum kva_dtype dt,
-	      int NC, const int GB, const int CG)
+	      const enum kva_dtype dt, int NC, const int GB, const int CG)
 {
 	for (int g0 = 0; g0 < t->group; g0 += GB)
 		for (int c0 = 0; c0 < NC; c0 += CG)
@@ -494,8 +493,8 @@ AI __m512 sl_token_scales(const float *x, int k, const int W)
  * loaded once for the 12 tokens.
  */
 AI void sl_scores(const struct kva__tile *t, const struct kva__rows *bk, struct kva__pfq *pq,
-		  size_t hoff, int i, float *s,
-		  float *kf, const enum kva_dtype dt, int NC, const int W)
+		  size_t hoff, int i, float *s, float *kf, const enum kva_dtype dt, int NC,
+		  const int W)
 {
 	const int D = NC * 16;
 	const size_t esize = kva__esize(dt);
@@ -569,11 +568,11 @@ AI void sl_out_token(const struct kva__rows *bk, size_t off, const float *pv, in
 /*
  * acc[g] += sum_t p[g][t] v[t] for V chunks [c0, c0 + nc), nc <= W, all GP
  * heads at once (GP x W = 16 accumulators): each chunk converted once for
- * every head. A prefetch step every 8 tokens.
+ * every head. A prefetch site every S tokens (sl_pf_every).
  */
 AI void sl_out_pass(const struct kva__tile *t, const struct kva__rows *bk, size_t hoff,
-		    struct kva__pfq *pq, const float *s,
-		    int c0, const enum kva_dtype dt, int NC, const int nc, const int W)
+		    struct kva__pfq *pq, const float *s, int c0, const enum kva_dtype dt, int NC,
+		    const int nc, const int W)
 {
 	const int D = NC * 16, GP = 16 / W, G = t->group, n = bk->n;
 	const size_t esize = kva__esize(dt), off = hoff + (size_t)c0 * 16 * esize;
@@ -688,7 +687,6 @@ AI void sl_block(const struct kva__tile *t, const struct kva__rows *bk, struct k
 		sl_out_pass(t, bk, hoff, &pq, s, NC - 3, dt, NC, 3, W);
 	kva__pfq_end(&pq);
 }
-
 
 /* One KV head's turn at a block: score, fold into the softmax state, accumulate. */
 AI void head_block(const struct kva__tile *t, const struct kva__rows *bk,

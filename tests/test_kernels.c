@@ -888,7 +888,6 @@ static void check_pfq(const struct cache *c, const int32_t *pages, int32_t t0, i
 			kva__pfq_begin(&b, &q, run, KVA__PFQ_RUNS);
 			assert_true(q.n > 0 && q.n <= KVA__PFQ_RUNS);
 			q.per = 1 + (int)(tu_rand(rng) % 23);
-			q.spaced = tu_rand(rng) % 2;
 			for (int k = 0; k < sites; k++) {
 				/* the sliced tile's sites, the other tiles' steps */
 				if (k % 3 == 2)
