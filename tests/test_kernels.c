@@ -799,14 +799,20 @@ static void check_cursor(const struct cache *c, const int32_t *pages, int32_t t0
 	}
 }
 
-static void test_prefetch_cursor_reads_the_block_in_address_order(void **state)
+/*
+ * The cursor tests' caches: both layouts, three pads, four page sizes
+ * (runs of a page, of a row) and three dtypes, 64 pages each, the first
+ * half scattered and the second neighbours; @check on each.
+ */
+static void for_each_cursor_cache(void (*check)(const struct cache *c, const int32_t *pages,
+						int32_t ps, uint64_t *rng),
+				  uint64_t seed)
 {
 	static const enum order orders[] = { HND, NHD };
 	static const int32_t pads[] = { 0, 8, 32 }, page_sizes[] = { 16, 32, 5, 1 };
 	static const enum kva_dtype dts[] = { KVA_F16, KVA_F32, KVA_INT8 };
-	uint64_t rng = 0x9e3779b97f4a7c15ull;
+	uint64_t rng = seed;
 
-	(void)state;
 	for (unsigned o = 0; o < 2; o++)
 		for (unsigned p = 0; p < 3; p++)
 			for (unsigned z = 0; z < 4; z++)
@@ -828,20 +834,29 @@ static void test_prefetch_cursor_reads_the_block_in_address_order(void **state)
 					/* scattered pages, then a run of neighbours */
 					for (int32_t i = 0; i < npages; i++)
 						pages[i] = i < npages / 2 ? perm[i] : i;
-					/* all heads, a span in the middle, one head; a
-					 * block cut short; a tile from a later page */
-					check_cursor(&c, pages, 0, ps * 12 < 100 ? ps * 12 : 100, 0, 8, 40,
-						     -1);
-					check_cursor(&c, pages, ps, ps + 47, 2, 3, 7, -1);
-					check_cursor(&c, pages + npages / 2 - 2, 0, 3 * ps + 1, 5, 1, 1,
-						     -1);
-					/* and each head alone, as a head's turn reads it */
-					for (int32_t h = 0; h < 3; h++)
-						check_cursor(&c, pages, ps, ps + 47, 2, 3, 7, h);
-					check_cursor(&c, pages, 0, ps * 12 < 100 ? ps * 12 : 100, 0, 8, 16,
-						     7);
+					check(&c, pages, ps, &rng);
 					cache_free(&c);
 				}
+}
+
+static void cursor_checks(const struct cache *c, const int32_t *pages, int32_t ps, uint64_t *rng)
+{
+	(void)rng;
+	/* all heads, a span in the middle, one head; a block cut short; a
+	 * tile from a later page */
+	check_cursor(c, pages, 0, ps * 12 < 100 ? ps * 12 : 100, 0, 8, 40, -1);
+	check_cursor(c, pages, ps, ps + 47, 2, 3, 7, -1);
+	check_cursor(c, pages + 64 / 2 - 2, 0, 3 * ps + 1, 5, 1, 1, -1);
+	/* and each head alone, as a head's turn reads it */
+	for (int32_t h = 0; h < 3; h++)
+		check_cursor(c, pages, ps, ps + 47, 2, 3, 7, h);
+	check_cursor(c, pages, 0, ps * 12 < 100 ? ps * 12 : 100, 0, 8, 16, 7);
+}
+
+static void test_prefetch_cursor_reads_the_block_in_address_order(void **state)
+{
+	(void)state;
+	for_each_cursor_cache(cursor_checks, 0x9e3779b97f4a7c15ull);
 }
 
 /*
@@ -920,30 +935,17 @@ static void check_pfq(const struct cache *c, const int32_t *pages, int32_t t0, i
 	}
 }
 
+static void pfq_checks(const struct cache *c, const int32_t *pages, int32_t ps, uint64_t *rng)
+{
+	/* whole blocks, and a last one cut short */
+	check_pfq(c, pages, 0, ps * 12 < 100 ? ps * 12 : 100, 3, rng);
+	check_pfq(c, pages, ps, ps + 47 + 12, 2, rng);
+}
+
 static void test_pfq_asks_for_the_lines_the_steps_do(void **state)
 {
-	static const enum order orders[] = { HND, NHD };
-	static const int32_t pads[] = { 0, 8, 32 }, page_sizes[] = { 16, 32, 5, 1 };
-	static const enum kva_dtype dts[] = { KVA_F16, KVA_F32, KVA_INT8 };
-	uint64_t rng = 0x243f6a8885a308d3ull;
-
 	(void)state;
-	for (unsigned o = 0; o < 2; o++)
-		for (unsigned p = 0; p < 3; p++)
-			for (unsigned z = 0; z < 4; z++)
-				for (unsigned d = 0; d < 3; d++) {
-					const int32_t ps = page_sizes[z], npages = 64;
-					int32_t pages[64];
-					struct cache c;
-
-					cache_make(&c, dts[d], npages, ps, 8, 128, orders[o], pads[p]);
-					for (int32_t i = 0; i < npages; i++)
-						pages[i] = (int32_t)((i * 37 + 11) % npages);
-					/* whole blocks, and a last one cut short */
-					check_pfq(&c, pages, 0, ps * 12 < 100 ? ps * 12 : 100, 3, &rng);
-					check_pfq(&c, pages, ps, ps + 47 + 12, 2, &rng);
-					cache_free(&c);
-				}
+	for_each_cursor_cache(pfq_checks, 0x243f6a8885a308d3ull);
 }
 
 /*
