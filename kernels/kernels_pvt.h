@@ -574,12 +574,11 @@ static inline __attribute__((always_inline)) void kva__pfq_site(struct kva__pfq 
 	if (q->end - q->p >= 64 * L) {
 		for (int l = 0; l < L; l++)
 			KVA__PREFETCH(q->p + 64 * l);
-	} else {
-		for (int l = 0; l < L; l++)
-			if (q->p + 64 * l < q->end)
-				KVA__PREFETCH(q->p + 64 * l);
+		q->p += 64 * L;
+	} else { /* the run's last lines: p stops at its end, not past it */
+		for (; q->p < q->end; q->p += 64)
+			KVA__PREFETCH(q->p);
 	}
-	q->p += 64 * L;
 }
 
 /*
