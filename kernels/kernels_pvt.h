@@ -510,8 +510,9 @@ static inline void kva__pf_step(struct kva__pf *pf)
  * 2 threads, one page), the build with the cursor's logic but no prefetch
  * instruction read as fast as the real one, and one with no cursor at all
  * 1.27-1.33x (group 4) and 1.14-1.19x (group 8) as fast: the steps'
- * bookkeeping, not the prefetches, was a fifth of the tile's time in the
- * core (README, twenty-seventh session).
+ * bookkeeping, not the prefetches, was a fifth (group 4) to a seventh
+ * (group 8) of the tile's time in the core (README, twenty-seventh
+ * session).
  */
 #define KVA__PFQ_RUNS (2 * KVA__BLOCK_TOKENS)
 
