@@ -41,10 +41,10 @@
  * of the scores and each V row of the output; in the generic instance
  * (more heads, 4 x 4 tiles: groups 5 and 9-11; other head_dims) the
  * cursor's call (kva__pf_step) once a score16 and every ACC_STEP V rows of
- * each part, as before. Paired on Intel Xeon family 6
- * model 207 (out of cache, f16), the inline steps read groups 1 and 2
- * 1.04-1.11x as fast as the calls, groups 5, 9 and 11 0.96-0.99 (finer or
- * not) (README, twenty-seventh session).
+ * each part, as before (every 4 rows measured slower). Paired on Intel
+ * Xeon family 6 model 207 (AVX-512, out of cache, f16), the inline steps
+ * read groups 1 and 2 1.04-1.11x as fast as the calls, groups 5, 9 and 11
+ * 0.93-1.02, finer or not (README, twenty-seventh session).
  */
 #define ACC_STEP 8
 
