@@ -962,7 +962,7 @@ AI void tile(const struct kva__tile *t, const enum kva_dtype dt, int NC)
 			kva__blocks_turn(&b, t, h);
 			kva__tile_head(t, h, &th);
 			head_block(&th, bk, &b.pf, tb, kva__head_offset(t->kv, h), dt, NC);
-			kva__pf_lines(&b.pf, -1); /* what the steps left, if the turn was short */
+			kva__blocks_turn_end(&b, bk);
 		}
 	}
 }

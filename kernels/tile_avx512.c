@@ -129,7 +129,7 @@ AI void score_body(const struct kva__tile *t, const struct kva__rows *bk, struct
 		kr[tt] = bk->k[i + tt] + hoff;
 	/* registers: 16 accumulators, GB query chunks, one K chunk */
 	for (int c = 0; c < NC; c++) {
-		if (GB <= 2) /* a step a chunk (more heads: a call a score16) */
+		if (pf) /* a step a chunk (else a call a score16) */
 			kva__pfq_step(pf);
 		for (int gg = 0; gg < ng; gg++)
 			qv[gg] = _mm512_loadu_ps(t->q + (size_t)(g0 + gg) * D + c * 16);
@@ -190,7 +190,7 @@ AI void score16(const struct kva__tile *t, const struct kva__rows *bk, struct kv
 	/* the prefetch steps with the first heads' scores (head_steps) */
 	if (g0)
 		pf = NULL;
-	else if (GB > 2 || !pf)
+	else if (!pf)
 		kva__pf_step(cur);
 	if (nt == TB && ng == GB)
 		score_body(t, bk, pf, hoff, i, g0, s, dt, NC, GB, TB, GB);
@@ -209,8 +209,7 @@ AI void score16(const struct kva__tile *t, const struct kva__rows *bk, struct kv
 AI void accumulate_body(const struct kva__tile *t, const struct kva__rows *bk, size_t hoff,
 			struct kva__pf *cur, struct kva__pfq *pf, float s[][KVA__BLOCK_TOKENS],
 			int g0, int c0,
-			const enum kva_dtype dt, int NC, const int CG, const int ng, const int nc,
-			const bool FINE)
+			const enum kva_dtype dt, int NC, const int CG, const int ng, const int nc)
 {
 	const int D = NC * 16;
 	const size_t esize = kva__esize(dt);
@@ -227,7 +226,7 @@ AI void accumulate_body(const struct kva__tile *t, const struct kva__rows *bk, s
 		 * spills them */
 		__asm__("" : "+r"(row));
 
-		if (FINE && pf) /* a step a row, inline, or a call every ACC_STEP */
+		if (pf) /* a step a row, inline, or a call every ACC_STEP */
 			kva__pfq_step(pf);
 		else if (i % ACC_STEP == 0 && cur)
 			kva__pf_step(cur);
@@ -256,7 +255,7 @@ static __attribute__((noinline)) void accumulate_tail(const struct kva__tile *t,
 						      enum kva_dtype dt, int NC, int CG, int ng,
 						      int nc)
 {
-	accumulate_body(t, bk, hoff, cur, NULL, s, g0, c0, dt, NC, CG, ng, nc, false);
+	accumulate_body(t, bk, hoff, cur, NULL, s, g0, c0, dt, NC, CG, ng, nc);
 }
 
 AI void accumulate_part(const struct kva__tile *t, const struct kva__rows *bk, size_t hoff,
@@ -269,15 +268,15 @@ AI void accumulate_part(const struct kva__tile *t, const struct kva__rows *bk, s
 	if (nc != CG)
 		accumulate_tail(t, bk, hoff, cur, s, g0, c0, dt, NC, CG, ng, nc);
 	else if (ng == GB)
-		accumulate_body(t, bk, hoff, cur, pf, s, g0, c0, dt, NC, CG, GB, CG, GB <= 2);
+		accumulate_body(t, bk, hoff, cur, pf, s, g0, c0, dt, NC, CG, GB, CG);
 	/* a group's last heads, fewer than GB: constants too (each test names
 	 * GB, so that no instance is made for more heads than GB x CG holds) */
 	else if (GB > 3 && ng == 3)
-		accumulate_body(t, bk, hoff, cur, pf, s, g0, c0, dt, NC, CG, 3, CG, GB <= 2);
+		accumulate_body(t, bk, hoff, cur, pf, s, g0, c0, dt, NC, CG, 3, CG);
 	else if (GB > 2 && ng == 2)
-		accumulate_body(t, bk, hoff, cur, pf, s, g0, c0, dt, NC, CG, 2, CG, GB <= 2);
+		accumulate_body(t, bk, hoff, cur, pf, s, g0, c0, dt, NC, CG, 2, CG);
 	else if (GB > 1 && ng == 1)
-		accumulate_body(t, bk, hoff, cur, pf, s, g0, c0, dt, NC, CG, 1, CG, GB <= 2);
+		accumulate_body(t, bk, hoff, cur, pf, s, g0, c0, dt, NC, CG, 1, CG);
 	else
 		accumulate_tail(t, bk, hoff, cur, s, g0, c0, dt, NC, CG, ng, nc);
 }
@@ -709,14 +708,15 @@ AI void head_block(const struct kva__tile *t, const struct kva__rows *bk,
 		sl_block(t, bk, pf, tb, hoff, dt, NC, 1);
 		return;
 	}
-	/* the next turn's lines (head_steps): groups 1 and 2 from the list
-	 * (kva__pfq_step, inline), more heads from the cursor (kva__pf_step) */
+	/* the next turn's lines (head_steps): in the head_dim 64 and 128
+	 * instances (groups 1 and 2 only, tile_fits) from the list
+	 * (kva__pfq_step, inline); in the generic one from the cursor
+	 * (kva__pf_step). dq decides which, down to the loops. */
 	const char *run[KVA__PFQ_RUNS][2];
 	struct kva__pfq pq;
+	struct kva__pfq *dq = ALL ? NULL : &pq;
 
-	struct kva__pfq *dq = ALL ? NULL : &pq; /* the generic instance: calls */
-
-	kva__pfq_begin(pf, &pq, run, !ALL && G <= 2 ? KVA__PFQ_RUNS : 0);
+	kva__pfq_begin(pf, &pq, run, dq ? KVA__PFQ_RUNS : 0);
 	if (dt == KVA_FP8_E4M3 || dt == KVA_INT8)
 		kva__scales_at(t, tb, bk->n, t->kv_head, ks, vs);
 
@@ -806,17 +806,19 @@ static int acc_parts(int G, int NC)
 }
 
 /* the prefetch steps of one head's turn at a block of n tokens: groups 1
- * and 2 one a K chunk of each score16 and one a V row of each part, more
- * heads one a score16 of the first four and one every ACC_STEP V rows */
-static int head_steps(int G, int NC, int n)
+ * and 2 in the head_dim 64 and 128 instances one a K chunk of each score16
+ * and one a V row of each part (head_block's dq), the generic instance
+ * (ALL) one a score16 of the first four heads and one every ACC_STEP V
+ * rows of each part */
+static int head_steps(int G, int NC, int n, bool ALL)
 {
 	const int gp = kva__avx512_gp(G, NC * 16);
 	int tb = G == 1 ? 16 : G == 2 ? 8 : 4;
 
-	if (gp) /* the sliced tile asks for a turn's lines at its sites, not in steps */
-		return 1;
+	if (gp) /* the sliced tile asks for a turn's lines at its sites, in no step */
+		return 0;
 
-	if (G <= 2)
+	if (!ALL)
 		return (n + tb - 1) / tb * NC + acc_parts(G, NC) * n;
 	return (n + tb - 1) / tb + acc_parts(G, NC) * ((n + ACC_STEP - 1) / ACC_STEP);
 }
@@ -826,7 +828,7 @@ AI void tile(const struct kva__tile *t, const enum kva_dtype dt, int NC, const b
 	const size_t row_bytes = (size_t)NC * 16 * kva__esize(dt);
 	struct kva__blocks b;
 
-	kva__blocks_begin(&b, t, row_bytes, head_steps(t->group, NC, KVA__BLOCK_TOKENS), true);
+	kva__blocks_begin(&b, t, row_bytes, head_steps(t->group, NC, KVA__BLOCK_TOKENS, ALL), true);
 	for (int32_t tb = t->t0; tb < t->t1; tb += KVA__BLOCK_TOKENS) {
 		const struct kva__rows *bk = kva__blocks_next(&b, t, tb);
 
@@ -836,7 +838,7 @@ AI void tile(const struct kva__tile *t, const enum kva_dtype dt, int NC, const b
 			kva__blocks_turn(&b, t, h);
 			kva__tile_head(t, h, &th);
 			head_block(&th, bk, &b.pf, tb, kva__head_offset(t->kv, h), dt, NC, ALL);
-			kva__pf_lines(&b.pf, -1); /* what the steps left, if the turn was short */
+			kva__blocks_turn_end(&b, bk);
 		}
 	}
 }
