@@ -585,8 +585,15 @@ static inline __attribute__((always_inline)) bool kva__pfq_run(struct kva__pfq *
 	return true;
 }
 
-/* one site: the next @L lines of the run (fewer where it ends), the next
- * run's first where it has ended */
+/*
+ * One site: the list's next @L lines (fewer past its last), in one run or
+ * two. A run of a row or a few (NHD, pages of few tokens, padded rows)
+ * may end inside a site: its last lines and then the next run's first, as
+ * a step goes on, so that a turn's sites ask for L lines each wherever
+ * its runs end. When a site stopped at a run's end, 2-line runs under
+ * 4-line sites left a third of the turn's lines to kva__pfq_end (asked for
+ * at the turn's end, when the next turn already wants them).
+ */
 static inline __attribute__((always_inline)) void kva__pfq_site(struct kva__pfq *q, const int L)
 {
 	if (!kva__pfq_run(q))
@@ -595,9 +602,11 @@ static inline __attribute__((always_inline)) void kva__pfq_site(struct kva__pfq 
 		for (int l = 0; l < L; l++)
 			KVA__PREFETCH(q->p + 64 * l);
 		q->p += 64 * L;
-	} else { /* the run's last lines: p stops at its end, not past it */
-		for (; q->p < q->end; q->p += 64)
+	} else { /* across the run's end, a line at a time (p stops at each end) */
+		for (int left = L; left > 0 && kva__pfq_run(q); left--) {
 			KVA__PREFETCH(q->p);
+			q->p += 64;
+		}
 	}
 }
 

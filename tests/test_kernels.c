@@ -861,8 +861,9 @@ static void test_prefetch_cursor_reads_the_block_in_address_order(void **state)
 
 /*
  * The in-loop cursor (kva__pfq_*): a turn's runs listed, L lines a site
- * and q->per a step, mixed, for any number of them, what they left at the
- * turn's end,
+ * and q->per a step, mixed, for any number of them (each exactly its
+ * count, across runs' ends, until the list runs out), what they left at
+ * the turn's end,
  * then the step cursor's kva__pf_lines(-1) as the tile calls it: exactly
  * the lines the step cursor asks for, in its order, none twice, whatever
  * the layout (HND, NHD, pads), page size (runs of a page, of a row), dtype
@@ -888,7 +889,7 @@ static void check_pfq(const struct cache *c, const int32_t *pages, int32_t t0, i
 			const char *run[KVA__PFQ_RUNS][2];
 			struct kva__pf a, b;
 			struct kva__pfq q;
-			size_t nwant;
+			size_t nwant, listed, asked;
 
 			kva__pf_begin_head(&a, &t, &rows, h, row, 7);
 			b = a;
@@ -903,8 +904,13 @@ static void check_pfq(const struct cache *c, const int32_t *pages, int32_t t0, i
 			kva__pfq_begin(&b, &q, run, KVA__PFQ_RUNS);
 			assert_true(q.n > 0 && q.n <= KVA__PFQ_RUNS);
 			q.per = 1 + (int)(tu_rand(rng) % 23);
+			listed = 0;
+			for (int r = 0; r < q.n; r++)
+				listed += (size_t)(run[r][1] - run[r][0]) / 64;
+			asked = 0;
 			for (int k = 0; k < sites; k++) {
 				/* the sliced tile's sites, the other tiles' steps */
+				asked += k % 3 == 2 ? (size_t)q.per : (size_t)L;
 				if (k % 3 == 2)
 					kva__pfq_step(&q);
 				else if (L == 1)
@@ -914,6 +920,12 @@ static void check_pfq(const struct cache *c, const int32_t *pages, int32_t t0, i
 				else
 					kva__pfq_site(&q, 4);
 			}
+			/* each site and step asked for all its lines, across the
+			 * runs' ends, until the list ran out */
+			if (pf_log.n != (asked < listed ? asked : listed))
+				fail_msg("block %d head %d, L %d, %d sites: %zu lines before the end, "
+					 "%zu asked for of %zu listed",
+					 tb, h, L, sites, pf_log.n, asked, listed);
 			kva__pfq_end(&q);
 			kva__pf_lines(&b, -1);
 			pf_log.on = false;

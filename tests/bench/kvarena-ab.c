@@ -42,6 +42,8 @@
  *   isa          the path asked for (--isa; "auto" is each build's best)
  *   batch, context, kv_heads, head_dim, group, threads, rounds, one_page,
  *   hugepages, pf_step   as run (pf_step 0: the build picks it)
+ *   layout       "hnd" (a page's K as [head][token][dim], as an arena's)
+ *                or "nhd" (--nhd: [token][head][dim], as vLLM's)
  *   cycle        distinct pages the sequences' pages cycle over (0: all)
  *   memory       the cache's memory: private, hugetlb, shmem or thp
  *   huge_bytes   of the cache, bytes mapped by 2 MiB pages (smaps)
@@ -104,7 +106,7 @@ struct ab_opts {
 	long pages;
 	enum kva_isa isa;
 	const char *isa_name; /* as given to --isa */
-	bool one_page, hugepages;
+	bool one_page, hugepages, nhd;
 	int pf_step[MAX_LIBS]; /* struct kva_decode_opts's, each build's */
 	int n_pf_steps;        /* how many --pf-step gave */
 	enum ab_mem mem[2];    /* the cache's memory; a second kind to compare */
@@ -160,6 +162,9 @@ static void usage(FILE *f)
 		"                 the step the build picks for this CPU); one value is\n"
 		"                 every build's. A build given twice with two steps\n"
 		"                 compares the steps\n"
+		"  --nhd          pages token-major, [token][head][dim] (vLLM's), not\n"
+		"                 [head][token][dim]: a head's rows of a page are\n"
+		"                 rows apart, not one piece\n"
 		"  --help         this text\n",
 		MAX_ROUNDS);
 }
@@ -175,7 +180,7 @@ static int parse(int argc, char **argv, struct ab_opts *o)
 		{ "one-page", no_argument, 0, '1' },	 { "hugepages", no_argument, 0, 'H' },
 		{ "pf-step", required_argument, 0, 's' }, { "memory", required_argument, 0, 'm' },
 		{ "cycle", required_argument, 0, 'y' },	 { "dtype", required_argument, 0, 'T' },
-		{ "q-amp", required_argument, 0, 'a' },
+		{ "q-amp", required_argument, 0, 'a' },	 { "nhd", no_argument, 0, 'N' },
 		{ 0, 0, 0, 0 }
 	};
 	int c;
@@ -196,6 +201,7 @@ static int parse(int argc, char **argv, struct ab_opts *o)
 		case 'a': o->q_amp = strtof(optarg, NULL); break;
 		case '1': o->one_page = true; break;
 		case 'H': o->hugepages = true; break;
+		case 'N': o->nhd = true; break;
 		case 'T':
 			for (o->dt = 0; o->dt < N_DTYPES && strcmp(optarg, dtypes[o->dt].name); o->dt++)
 				;
@@ -522,8 +528,9 @@ static int measure(const struct ab_opts *o, const decode_fn *fn, int nl, char *c
 						    .pf_step = o->pf_step[i] };
 		kv[i] = (struct kva_kv_desc){
 			.k = c, .v = c + (size_t)H * P * D * es,
-			.page_stride = (int64_t)2 * H * P * D, .token_stride = D,
-			.head_stride = (int64_t)P * D, .num_kv_heads = H, .head_dim = D,
+			.page_stride = (int64_t)2 * H * P * D,
+			.token_stride = o->nhd ? (int64_t)H * D : D,
+			.head_stride = o->nhd ? D : (int64_t)P * D, .num_kv_heads = H, .head_dim = D,
 			.dtype = dtypes[o->dt].dt, .page_size = P, .num_pages = (int32_t)o->pages,
 			.k_scale = d->k_scale, .v_scale = d->v_scale,
 		};
@@ -576,12 +583,13 @@ static int measure(const struct ab_opts *o, const decode_fn *fn, int nl, char *c
 		bench_json_escape(names[i], lib, sizeof(lib));
 		printf("{\"lib\":\"%s\",\"isa\":\"%s\",\"dtype\":\"%s\",\"batch\":%d,\"context\":%d,\"kv_heads\":%d,"
 		       "\"head_dim\":%d,\"group\":%d,\"threads\":%d,\"rounds\":%d,\"q_amp\":%g,"
-		       "\"one_page\":%s,\"hugepages\":%s,\"memory\":\"%s\",\"huge_bytes\":%" PRIu64 ","
+		       "\"one_page\":%s,\"layout\":\"%s\",\"hugepages\":%s,\"memory\":\"%s\",\"huge_bytes\":%" PRIu64 ","
 		       "\"cycle\":%ld,\"pf_step\":%d,\"gbps\":%.2f,\"gbps_min\":%.2f,"
 		       "\"gbps_max\":%.2f,\"speed\":%.3f,\"speed_q1\":%.3f,\"speed_q3\":%.3f,"
 		       "\"max_abs_diff\":%s}\n",
 		       lib, o->isa_name, dtypes[o->dt].name, o->batch, o->context, o->kv_heads, o->head_dim, o->group,
 		       o->threads, R, (double)o->q_amp, o->cycle[y] == 1 ? "true" : "false",
+		       o->nhd ? "nhd" : "hnd",
 		       o->mem[m] == MEM_HUGETLB ? "true" : "false",
 		       mem_names[o->mem[m]],
 		       o->mem[m] == MEM_HUGETLB ? d->cache_bytes : bench_huge_bytes(d->cache[m]),
