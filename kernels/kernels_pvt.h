@@ -509,8 +509,8 @@ static inline void kva__pf_step(struct kva__pf *pf)
  * (kva__pfq_begin, from the cursor above: at most two a token, a page's K
  * and V pieces of one head where pages are whole, a row each where they
  * are not), and every S-th iteration of the scores' and the output's loops
- * asks for the next L lines of the run it is in (kva__pfq_site; the dot
- * products q->per lines a step, kva__pfq_step), the run's next line and
+ * asks for the list's next L lines (kva__pfq_site; the dot products
+ * q->per lines a step, kva__pfq_step), the current run's next line and
  * end held in two registers: a compare, the prefetches and an add, where a
  * step was a call, a line loop with two counts and its state's loads and
  * stores. kva__pfq_end asks for what the sites left (a turn of fewer
@@ -539,13 +539,13 @@ struct kva__pfq {
 #endif
 };
 
-/* the cursor's runs (up to @max <= KVA__PFQ_RUNS: all of a turn's) into @run; how many */
+/* the cursor's runs (up to KVA__PFQ_RUNS: all of a turn's) into @run; how many */
 static __attribute__((noinline, unused)) int kva__pfq_fill(struct kva__pf *pf,
-							     const char *run[][2], int max)
+							     const char *run[][2])
 {
 	int n = 0;
 
-	while (n < max && (pf->left || kva__pf_next(pf, &pf->p, &pf->left))) {
+	while (n < KVA__PFQ_RUNS && (pf->left || kva__pf_next(pf, &pf->p, &pf->left))) {
 		run[n][0] = pf->p;
 		pf->p += (size_t)pf->left * 64;
 		run[n][1] = pf->p;
@@ -555,17 +555,17 @@ static __attribute__((noinline, unused)) int kva__pfq_fill(struct kva__pf *pf,
 	return n;
 }
 
-/* @q on the turn the cursor @pf is set on, its first @max runs (all of
- * them at KVA__PFQ_RUNS; 0: none, the cursor's own steps take them) listed
- * in @run */
+/* @q on the turn the cursor @pf is set on: with @list its runs listed in
+ * @run (taken from the cursor), else none (the cursor's own steps take
+ * them, and kva__pfq_end has nothing to ask for) */
 static inline __attribute__((always_inline)) void kva__pfq_begin(struct kva__pf *pf,
 								   struct kva__pfq *q,
-								   const char *run[][2], int max)
+								   const char *run[][2], bool list)
 {
 	q->p = q->end = NULL;
 	q->run = run;
 	q->r = 0;
-	q->n = max ? kva__pfq_fill(pf, run, max) : 0;
+	q->n = list ? kva__pfq_fill(pf, run) : 0;
 	q->per = pf->per;
 #ifdef KVA__PF_AUDIT
 	q->pf = pf;
@@ -826,8 +826,9 @@ static inline void kva__blocks_turn(struct kva__blocks *b, const struct kva__til
  * over more steps than the loops take, most of them wait for this call,
  * at the end of the turn they were meant to hide under. The AVX-512
  * generic instance's groups 1 and 2 counted the other instances' finer
- * steps for a sitting: head_dim 256 read 0.8-0.9 of what it reads counted
- * right (README, twenty-eighth session).
+ * steps for a sitting: at head_dim 256 they read 0.92-0.97 (group 1) and
+ * 0.82-0.85 (group 2) of what they read counted right (AVX-512, Intel Xeon
+ * family 6 model 207; README, twenty-eighth session).
  */
 static inline void kva__blocks_turn_end(struct kva__blocks *b, const struct kva__rows *bk)
 {

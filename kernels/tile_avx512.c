@@ -228,7 +228,7 @@ AI void accumulate_body(const struct kva__tile *t, const struct kva__rows *bk, s
 
 		if (pf) /* a step a row, inline, or a call every ACC_STEP */
 			kva__pfq_step(pf);
-		else if (i % ACC_STEP == 0 && cur)
+		else if (i % ACC_STEP == 0)
 			kva__pf_step(cur);
 
 		for (int cc = 0; cc < nc; cc++) {
@@ -635,7 +635,7 @@ AI void sl_block(const struct kva__tile *t, const struct kva__rows *bk, struct k
 	const char *run[KVA__PFQ_RUNS][2];
 	struct kva__pfq pq;
 
-	kva__pfq_begin(pf, &pq, run, KVA__PFQ_RUNS);
+	kva__pfq_begin(pf, &pq, run, true);
 	for (int i = 0; i < n; i += SL_TB)
 		sl_scores(t, bk, &pq, hoff, i, s, kf, dt, NC, W);
 	if (scaled)
@@ -716,7 +716,7 @@ AI void head_block(const struct kva__tile *t, const struct kva__rows *bk,
 	struct kva__pfq pq;
 	struct kva__pfq *dq = ALL ? NULL : &pq;
 
-	kva__pfq_begin(pf, &pq, run, dq ? KVA__PFQ_RUNS : 0);
+	kva__pfq_begin(pf, &pq, run, dq != NULL);
 	if (dt == KVA_FP8_E4M3 || dt == KVA_INT8)
 		kva__scales_at(t, tb, bk->n, t->kv_head, ks, vs);
 

@@ -801,9 +801,11 @@ static void check_cursor(const struct cache *c, const int32_t *pages, int32_t t0
 
 /*
  * The cursor tests' caches: both layouts, three pads, four page sizes
- * (runs of a page, of a row) and three dtypes, 64 pages each, the first
- * half scattered and the second neighbours; @check on each.
+ * (runs of a page, of a row) and three dtypes, CURSOR_PAGES pages each,
+ * the first half scattered and the second neighbours; @check on each.
  */
+enum { CURSOR_PAGES = 64 };
+
 static void for_each_cursor_cache(void (*check)(const struct cache *c, const int32_t *pages,
 						int32_t ps, uint64_t *rng),
 				  uint64_t seed)
@@ -817,8 +819,8 @@ static void for_each_cursor_cache(void (*check)(const struct cache *c, const int
 		for (unsigned p = 0; p < 3; p++)
 			for (unsigned z = 0; z < 4; z++)
 				for (unsigned d = 0; d < 3; d++) {
-					const int32_t ps = page_sizes[z], npages = 64;
-					int32_t pages[64], perm[64];
+					const int32_t ps = page_sizes[z], npages = CURSOR_PAGES;
+					int32_t pages[CURSOR_PAGES], perm[CURSOR_PAGES];
 					struct cache c;
 
 					cache_make(&c, dts[d], npages, ps, 8, 128, orders[o], pads[p]);
@@ -846,7 +848,7 @@ static void cursor_checks(const struct cache *c, const int32_t *pages, int32_t p
 	 * tile from a later page */
 	check_cursor(c, pages, 0, ps * 12 < 100 ? ps * 12 : 100, 0, 8, 40, -1);
 	check_cursor(c, pages, ps, ps + 47, 2, 3, 7, -1);
-	check_cursor(c, pages + 64 / 2 - 2, 0, 3 * ps + 1, 5, 1, 1, -1);
+	check_cursor(c, pages + CURSOR_PAGES / 2 - 2, 0, 3 * ps + 1, 5, 1, 1, -1);
 	/* and each head alone, as a head's turn reads it */
 	for (int32_t h = 0; h < 3; h++)
 		check_cursor(c, pages, ps, ps + 47, 2, 3, 7, h);
@@ -901,7 +903,7 @@ static void check_pfq(const struct cache *c, const int32_t *pages, int32_t t0, i
 			memcpy(want, pf_log.line, nwant * sizeof(want[0]));
 
 			pf_log.n = 0;
-			kva__pfq_begin(&b, &q, run, KVA__PFQ_RUNS);
+			kva__pfq_begin(&b, &q, run, true);
 			assert_true(q.n > 0 && q.n <= KVA__PFQ_RUNS);
 			q.per = 1 + (int)(tu_rand(rng) % 23);
 			listed = 0;
