@@ -510,7 +510,7 @@ static inline void kva__pf_step(struct kva__pf *pf)
  * and V pieces of one head where pages are whole, a row each where they
  * are not), and every S-th iteration of the scores' and the output's loops
  * asks for the list's next L lines (kva__pfq_site; the dot products
- * q->per lines a step, kva__pfq_step), the current run's next line and
+ * a count of lines a step, kva__pfq_step), the current run's next line and
  * end held in two registers: a compare, the prefetches and an add, where a
  * step was a call, a line loop with two counts and its state's loads and
  * stores. kva__pfq_end asks for what the sites left (a turn of fewer
@@ -533,7 +533,6 @@ struct kva__pfq {
 	const char *p, *end;    /* the run being asked for: its next line, and its end */
 	const char *(*run)[2];  /* the turn's runs, [first line, end) */
 	int r, n;               /* the list's next run, and its runs */
-	int per;                /* lines a kva__pfq_step asks for (the cursor's) */
 #ifdef KVA__PF_AUDIT
 	struct kva__pf *pf;     /* whose steps kva__pfq_step counts */
 #endif
@@ -566,7 +565,6 @@ static inline __attribute__((always_inline)) void kva__pfq_begin(struct kva__pf 
 	q->run = run;
 	q->r = 0;
 	q->n = list ? kva__pfq_fill(pf, run) : 0;
-	q->per = pf->per;
 #ifdef KVA__PF_AUDIT
 	q->pf = pf;
 #endif
@@ -611,21 +609,21 @@ static inline __attribute__((always_inline)) void kva__pfq_site(struct kva__pfq 
 }
 
 /*
- * One step: q->per lines, from run to run, a line at a time as
- * kva__pf_step asks for them where the cursor is not tight (the AVX-512
- * tile's never is): the same lines a step, kva__pfq_end the rest, but
- * inline and with the run's state in registers. @q NULL (a noinline
- * tail's, whose loops must not take the state's address): nothing, left
- * to kva__pfq_end.
+ * One step: @lines lines (a constant of the call site), from run to run, a
+ * line at a time as kva__pf_step asks for them where the cursor is not
+ * tight (the AVX-512 tile's never is), kva__pfq_end the rest, but inline
+ * and with the run's state in registers. @q NULL (a noinline tail's, whose
+ * loops must not take the state's address): nothing, left to
+ * kva__pfq_end.
  */
-static inline __attribute__((always_inline)) void kva__pfq_step(struct kva__pfq *q)
+static inline __attribute__((always_inline)) void kva__pfq_step(struct kva__pfq *q, int lines)
 {
 	if (!q)
 		return;
 #ifdef KVA__PF_AUDIT
 	q->pf->taken++;
 #endif
-	for (int left = q->per; left > 0 && kva__pfq_run(q); left--) {
+	for (int left = lines; left > 0 && kva__pfq_run(q); left--) {
 		KVA__PREFETCH(q->p);
 		q->p += 64;
 	}

@@ -48,6 +48,30 @@
  */
 #define ACC_STEP 8
 
+/*
+ * The lines an inline step asks for: three quarters of the lines it reads
+ * (@bytes: a K chunk of the score16's rows, or a V row's chunks), rounded,
+ * so that the next turn's lines are asked for a little slower than this
+ * turn's are read, and the last quarter at the turn's end (kva__pfq_end).
+ * The steps had asked for the turn's lines spread evenly (the cursor's
+ * per, a quarter above the lines at f16 head_dim 128: its count allows a
+ * line more a row): 7 lines at every step where a K chunk reads 8 and a V
+ * row 4, so 1.75 lines asked for each line read through the output loop,
+ * whose V loads were where the samples stalled out of cache. Paired on
+ * Zen 5 (AMD EPYC family 26 model 2, AVX-512, 2 threads, out of cache,
+ * f16 head_dim 128), three quarters read group 1 1.07-1.20x and group 2
+ * 1.15-1.33x as fast as the even spread; a step's own lines (all of them)
+ * 1.07-1.08x and 1.09-1.13x, half 1.18x and 1.16x; head_dim 64, f32,
+ * bf16, int8 and NHD pages 1.03-1.14x, fp8 1.00, one thread 1.18x, one
+ * page (in L1) 0.94-1.29 (noise) (README, twenty-ninth session).
+ */
+AI int dot_ask(size_t bytes)
+{
+	const int lines = (int)((bytes + 63) / 64);
+
+	return (3 * lines + 2) / 4;
+}
+
 /* lane i = the sum of v[i]'s 16 lanes */
 AI __m512 reduce16(const __m512 v[16])
 {
@@ -130,7 +154,7 @@ AI void score_body(const struct kva__tile *t, const struct kva__rows *bk, struct
 	/* registers: 16 accumulators, GB query chunks, one K chunk */
 	for (int c = 0; c < NC; c++) {
 		if (pf) /* a step a chunk (else a call a score16) */
-			kva__pfq_step(pf);
+			kva__pfq_step(pf, dot_ask((size_t)nt * 16 * esize));
 		for (int gg = 0; gg < ng; gg++)
 			qv[gg] = _mm512_loadu_ps(t->q + (size_t)(g0 + gg) * D + c * 16);
 		for (int tt = 0; tt < nt; tt++) {
@@ -227,7 +251,7 @@ AI void accumulate_body(const struct kva__tile *t, const struct kva__rows *bk, s
 		__asm__("" : "+r"(row));
 
 		if (pf) /* a step a row, inline, or a call every ACC_STEP */
-			kva__pfq_step(pf);
+			kva__pfq_step(pf, dot_ask((size_t)nc * 16 * esize));
 		else if (i % ACC_STEP == 0)
 			kva__pf_step(cur);
 

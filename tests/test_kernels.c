@@ -863,7 +863,7 @@ static void test_prefetch_cursor_reads_the_block_in_address_order(void **state)
 
 /*
  * The in-loop cursor (kva__pfq_*): a turn's runs listed, L lines a site
- * and q->per a step, mixed, for any number of them (each exactly its
+ * and a step's count (1 to 23) a step, mixed, for any number of them (each exactly its
  * count, across runs' ends, until the list runs out), what they left at
  * the turn's end,
  * then the step cursor's kva__pf_lines(-1) as the tile calls it: exactly
@@ -905,16 +905,16 @@ static void check_pfq(const struct cache *c, const int32_t *pages, int32_t t0, i
 			pf_log.n = 0;
 			kva__pfq_begin(&b, &q, run, true);
 			assert_true(q.n > 0 && q.n <= KVA__PFQ_RUNS);
-			q.per = 1 + (int)(tu_rand(rng) % 23);
+			const int per = 1 + (int)(tu_rand(rng) % 23);
 			listed = 0;
 			for (int r = 0; r < q.n; r++)
 				listed += (size_t)(run[r][1] - run[r][0]) / 64;
 			asked = 0;
 			for (int k = 0; k < sites; k++) {
 				/* the sliced tile's sites, the other tiles' steps */
-				asked += k % 3 == 2 ? (size_t)q.per : (size_t)L;
+				asked += k % 3 == 2 ? (size_t)per : (size_t)L;
 				if (k % 3 == 2)
-					kva__pfq_step(&q);
+					kva__pfq_step(&q, per);
 				else if (L == 1)
 					kva__pfq_site(&q, 1);
 				else if (L == 2)
@@ -941,8 +941,8 @@ static void check_pfq(const struct cache *c, const int32_t *pages, int32_t t0, i
 			pf_log.on = true;
 			pf_log.n = 0;
 			kva__pfq_site(&q, 4);
-			kva__pfq_step(&q);
-			kva__pfq_step(NULL);
+			kva__pfq_step(&q, 4);
+			kva__pfq_step(NULL, 4);
 			pf_log.on = false;
 			assert_int_equal(pf_log.n, 0);
 		}
