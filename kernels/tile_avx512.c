@@ -59,11 +59,13 @@
  * row 4, so 1.75 lines asked for each line read through the output loop,
  * whose V loads were where the samples stalled out of cache. Paired on
  * Zen 5 (AMD EPYC family 26 model 2, AVX-512, 2 threads, out of cache,
- * f16 head_dim 128), three quarters read group 1 1.07-1.20x and group 2
- * 1.15-1.33x as fast as the even spread; a step's own lines (all of them)
+ * f16 head_dim 128), three quarters read group 1 1.05-1.20x and group 2
+ * 1.17-1.33x as fast as the even spread; a step's own lines (all of them)
  * 1.07-1.08x and 1.09-1.13x, half 1.18x and 1.16x; head_dim 64, f32,
- * bf16, int8 and NHD pages 1.03-1.14x, fp8 1.00, one thread 1.18x, one
- * page (in L1) 0.94-1.29 (noise) (README, twenty-ninth session).
+ * bf16, int8 and NHD pages 1.03-1.14x, fp8 1.00-1.01, one thread 1.18x,
+ * in L3 1.06x, one page 0.94-1.29 (noise) (README, twenty-ninth session).
+ * The AVX2 tile's steps taken the same way gained out of cache but lost
+ * in cache and on fp8: not taken there (README, the tried list).
  */
 AI int dot_ask(size_t bytes)
 {
