@@ -533,9 +533,6 @@ struct kva__pfq {
 	const char *p, *end;    /* the run being asked for: its next line, and its end */
 	const char *(*run)[2];  /* the turn's runs, [first line, end) */
 	int r, n;               /* the list's next run, and its runs */
-#ifdef KVA__PF_AUDIT
-	struct kva__pf *pf;     /* whose steps kva__pfq_step counts */
-#endif
 };
 
 /* the cursor's runs (up to KVA__PFQ_RUNS: all of a turn's) into @run; how many */
@@ -565,9 +562,6 @@ static inline __attribute__((always_inline)) void kva__pfq_begin(struct kva__pf 
 	q->run = run;
 	q->r = 0;
 	q->n = list ? kva__pfq_fill(pf, run) : 0;
-#ifdef KVA__PF_AUDIT
-	q->pf = pf;
-#endif
 }
 
 /* the next run's first line where the run has ended; false past the last */
@@ -609,20 +603,20 @@ static inline __attribute__((always_inline)) void kva__pfq_site(struct kva__pfq 
 }
 
 /*
- * One step: @lines lines (a constant of the call site), from run to run, a
- * line at a time as kva__pf_step asks for them where the cursor is not
- * tight (the AVX-512 tile's never is), kva__pfq_end the rest, but inline
- * and with the run's state in registers. @q NULL (a noinline tail's, whose
- * loops must not take the state's address): nothing, left to
+ * One step: @lines lines (a constant of the call site: the dot products
+ * ask for a share of what the step reads, tile_avx512.c's dot_ask), from
+ * run to run, a line at a time as kva__pf_step asks for them where the
+ * cursor is not tight (the AVX-512 tile's never is), kva__pfq_end the
+ * rest, but inline and with the run's state in registers. Like a site it
+ * takes its own count, not the cursor's spread, so the audit does not
+ * count it (a tile counts 0 steps for it). @q NULL (a noinline tail's,
+ * whose loops must not take the state's address): nothing, left to
  * kva__pfq_end.
  */
 static inline __attribute__((always_inline)) void kva__pfq_step(struct kva__pfq *q, int lines)
 {
 	if (!q)
 		return;
-#ifdef KVA__PF_AUDIT
-	q->pf->taken++;
-#endif
 	for (int left = lines; left > 0 && kva__pfq_run(q); left--) {
 		KVA__PREFETCH(q->p);
 		q->p += 64;

@@ -734,10 +734,11 @@ AI void head_block(const struct kva__tile *t, const struct kva__rows *bk,
 		sl_block(t, bk, pf, tb, hoff, dt, NC, 1);
 		return;
 	}
-	/* the next turn's lines (head_steps): in the head_dim 64 and 128
-	 * instances (groups 1 and 2 only, tile_fits) from the list
-	 * (kva__pfq_step, inline); in the generic one from the cursor
-	 * (kva__pf_step). dq decides which, down to the loops. */
+	/* the next turn's lines: in the head_dim 64 and 128 instances
+	 * (groups 1 and 2 only, tile_fits) from the list, dot_ask's counts
+	 * (kva__pfq_step, inline); in the generic one from the cursor, its
+	 * spread over head_steps (kva__pf_step). dq decides which, down to
+	 * the loops. */
 	const char *run[KVA__PFQ_RUNS][2];
 	struct kva__pfq pq;
 	struct kva__pfq *dq = ALL ? NULL : &pq;
@@ -831,21 +832,18 @@ static int acc_parts(int G, int NC)
 	return (G + GB - 1) / GB * ((NC + CG - 1) / CG);
 }
 
-/* the prefetch steps of one head's turn at a block of n tokens: groups 1
- * and 2 in the head_dim 64 and 128 instances one a K chunk of each score16
- * and one a V row of each part (head_block's dq), the generic instance
- * (ALL) one a score16 of the first four heads and one every ACC_STEP V
- * rows of each part */
+/* the prefetch steps of one head's turn at a block of n tokens, over
+ * which the cursor spreads the next turn's lines: the generic instance's
+ * (ALL) calls, one a score16 of the first four heads and one every
+ * ACC_STEP V rows of each part. The sliced tile's sites and the head_dim
+ * 64 and 128 instances' inline steps (groups 1 and 2, head_block's dq)
+ * ask for counts of their own (sl_pf_lines, dot_ask): none. */
 static int head_steps(int G, int NC, int n, bool ALL)
 {
-	const int gp = kva__avx512_gp(G, NC * 16);
-	int tb = G == 1 ? 16 : G == 2 ? 8 : 4;
+	const int tb = G == 1 ? 16 : G == 2 ? 8 : 4;
 
-	if (gp) /* the sliced tile asks for a turn's lines at its sites, in no step */
+	if (kva__avx512_gp(G, NC * 16) || !ALL)
 		return 0;
-
-	if (!ALL)
-		return (n + tb - 1) / tb * NC + acc_parts(G, NC) * n;
 	return (n + tb - 1) / tb + acc_parts(G, NC) * ((n + ACC_STEP - 1) / ACC_STEP);
 }
 

@@ -863,9 +863,9 @@ static void test_prefetch_cursor_reads_the_block_in_address_order(void **state)
 
 /*
  * The in-loop cursor (kva__pfq_*): a turn's runs listed, L lines a site
- * and a step's count (1 to 23) a step, mixed, for any number of them (each exactly its
- * count, across runs' ends, until the list runs out), what they left at
- * the turn's end,
+ * and a step's own count (1 to 23) a step, mixed, for any number of them
+ * (each exactly its count, across runs' ends, until the list runs out),
+ * what they left at the turn's end,
  * then the step cursor's kva__pf_lines(-1) as the tile calls it: exactly
  * the lines the step cursor asks for, in its order, none twice, whatever
  * the layout (HND, NHD, pads), page size (runs of a page, of a row), dtype
