@@ -67,10 +67,11 @@ struct kva_decode_opts {
 	int32_t split_tokens;  /* tokens per split of a sequence; 0: 512 */
 	int32_t max_splits;    /* splits per sequence at most; 0: 64 */
 	enum kva_isa isa;      /* KVA_ISA_AUTO, or one to force (-ENOTSUP if the CPU lacks it) */
-	/* the AVX2 path: tokens of one query head's output (a group of 1, or
-	 * the head a group leaves past a multiple of 4) between prefetch
-	 * steps, 1..48; 0: kva_decode_pf_step()'s, chosen for this CPU. Any
-	 * value computes the same result; the other paths ignore it */
+	/* the AVX2 tile (the AVX2 path, and the AVX-512 path where it runs
+	 * that tile: kva_decode_tile()): tokens of one query head's output (a
+	 * group of 1, or the head a group leaves past a multiple of 4) between
+	 * prefetch steps, 1..48; 0: kva_decode_pf_step()'s, chosen for this
+	 * CPU. Any value computes the same result; the other tiles ignore it */
 	int32_t pf_step;
 };
 
@@ -147,8 +148,23 @@ const char *kva_isa_name(enum kva_isa isa);
 int32_t kva_cpu_prefetch_kept(void);
 
 /*
- * kva_decode_pf_step - the pf_step kva_decode's AVX2 path (isa avx2, or
- * auto on a CPU without AVX-512) takes when the options leave it 0, for a
+ * kva_decode_tile - which tile kva_decode runs for @isa (KVA_ISA_AUTO: the
+ * path it picks) at @head_dim with @group query heads per KV head on this
+ * CPU: "avx512", "avx2" or "scalar". A path is not always its own tile: on
+ * a core that runs each 512-bit operation as two 256-bit halves (AMD Zen 4)
+ * the AVX-512 path runs the AVX2 tile for the groups it computes faster
+ * there (3, 4, 6, 7 and 8 at head_dim up to 256; README "Kernels"). The
+ * results of the two tiles differ only in rounding. Return: the name (a
+ * static string); NULL with kva_errmsg() set for an isa this CPU lacks, a
+ * head_dim the path does not take (AVX-512 a multiple of 16, AVX2 of 8), or
+ * a head_dim out of 1..1024 or group out of 1..64.
+ */
+const char *kva_decode_tile(enum kva_isa isa, int32_t head_dim, int32_t group);
+
+/*
+ * kva_decode_pf_step - the pf_step kva_decode's AVX2 tile (isa avx2, auto on
+ * a CPU without AVX-512, or avx512 where kva_decode_tile() says "avx2")
+ * takes when the options leave it 0, for a
  * cache of @dtype and @head_dim read by @group query heads per KV head on
  * this CPU: 8 where the lines a step asks for (the next turn's
  * K and V rows, spread over this turn's steps) are no more than

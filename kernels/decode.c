@@ -201,6 +201,30 @@ static kva__tile_fn pick(enum kva_isa isa, int32_t head_dim, int *err)
 	       : isa == KVA_ISA_AVX2 ? kva__tile_avx2 : kva__tile_scalar;
 }
 
+/*
+ * The tile that runs @group query heads per KV head at @head_dim, where
+ * pick() chose @tile: its own, but for the AVX-512 tile's sliced groups of 3
+ * to 8 (kva__avx512_gp 4 or 8: groups 3, 4, 6, 7, 8) on a core that splits
+ * 512-bit operations in two (kva__avx512_split, Zen 4), which run the AVX2
+ * tile (it takes head_dim a multiple of 8, and every AVX-512 CPU has AVX2,
+ * FMA and F16C). On that core the zmm tile's sliced scores pay a broadcast
+ * an FMA and a stored fp32 row a K row, which the ymm tile's dot products
+ * (3 tokens x 4 heads, q from L1) do not. Paired there (kvarena-ab, f16,
+ * head_dim 128, 8 KV heads, batch 8 x 4096, 2 threads; README, thirtieth
+ * session), the AVX2 tile read groups 3, 4, 6, 7 and 8 1.06-1.35x as fast
+ * out of cache (1.16-1.54x on one page), group 5 (dot products on both)
+ * 1.02, and lost at 2 (0.93), 9, 10 (0.93-0.95) and 16 (0.89-0.92).
+ */
+static kva__tile_fn tile_for(kva__tile_fn tile, int32_t group, int32_t head_dim)
+{
+	const int gp = kva__avx512_gp(group, head_dim);
+
+	if (tile == kva__tile_avx512 && (gp == 4 || gp == 8) && kva__avx512_split() &&
+	    kva__isa_supported(KVA_ISA_AVX2))
+		return kva__tile_avx2;
+	return tile;
+}
+
 /* the sequence a tile belongs to: the last b with tile0[b] <= tile */
 static int32_t tile_seq(const struct plan *p, uint32_t tile)
 {
@@ -412,6 +436,7 @@ int kva_decode(const struct kva_kv_desc *kv, const struct kva_page_table *pt, co
 	p.tile = pick(o.isa, kv->head_dim, &ret);
 	if (!p.tile)
 		return ret;
+	p.tile = tile_for(p.tile, num_q_heads / kv->num_kv_heads, kv->head_dim);
 	p.axpy = p.tile == kva__tile_avx512 ? kva__axpy_avx512
 		 : p.tile == kva__tile_avx2 ? kva__axpy_avx2 : axpy_scalar;
 	/* the AVX2 tile's steps and cursor, for this CPU unless the caller
@@ -489,6 +514,23 @@ int kva_decode(const struct kva_kv_desc *kv, const struct kva_page_table *pt, co
 	kva__parallel_ahead(threads, p.tiles, run_tile, &p);
 	kva__parallel(threads, (uint32_t)pt->batch * (uint32_t)num_q_heads, run_merge, &p);
 	return 0;
+}
+
+const char *kva_decode_tile(enum kva_isa isa, int32_t head_dim, int32_t group)
+{
+	kva__tile_fn tile;
+	int err = 0;
+
+	if (isa < KVA_ISA_AUTO || isa > KVA_ISA_AVX512 || head_dim < 1 ||
+	    head_dim > KVA__MAX_HEAD_DIM || group < 1 || group > KVA__MAX_GROUP) {
+		kva__err(-EINVAL, "decode: tile: a known isa, head_dim 1..%d and group 1..%d",
+			 KVA__MAX_HEAD_DIM, KVA__MAX_GROUP);
+		return NULL;
+	}
+	if (!(tile = pick(isa, head_dim, &err)))
+		return NULL;
+	tile = tile_for(tile, group, head_dim);
+	return tile == kva__tile_avx512 ? "avx512" : tile == kva__tile_avx2 ? "avx2" : "scalar";
 }
 
 int32_t kva_decode_pf_step(enum kva_dtype dtype, int32_t head_dim, int32_t group)

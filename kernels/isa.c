@@ -51,6 +51,58 @@ bool kva__isa_supported(enum kva_isa isa)
 	}
 }
 
+/*
+ * Whether this core runs a 512-bit floating-point operation as two 256-bit
+ * halves: AMD family 19h (Zen 4; its Zen 3 parts have no AVX-512, so only
+ * Zen 4 asks). Its two FMA pipes are 256 bits wide: a zmm FMA issues once a
+ * cycle where a ymm FMA issues twice, the same flops, but what the zmm
+ * tiles add to their FMAs costs twice as much. In loops of 12 independent
+ * FMAs on that core (Zen 4, family 25 model 17, KVM; README, thirtieth
+ * session), a vbroadcastsd or vbroadcastss into a zmm before each FMA took
+ * 1.32-1.37x the FMAs' time where a ymm FMA's embedded broadcast took about
+ * 1.2x the ymm FMAs', a zmm store after each 2.1x; so the AVX-512 tile's
+ * sliced scores (a broadcast an FMA, K rows stored as fp32) ran its groups
+ * of 3 to 8 slower there than the AVX2 tile does (decode.c, tile_for).
+ * Other cores that split 512-bit operations (Zen 5's 256-bit client parts)
+ * are not told apart: they run as a full-width core does. Asked once, as
+ * has_f16c; a test may say otherwise (kva__avx512_split_force).
+ */
+static _Atomic int split_known;  /* 0 unknown, 1 no, 2 yes */
+static _Atomic int split_forced; /* 0: the CPU's answer, 1 no, 2 yes */
+
+static bool cpu_splits_512(void)
+{
+	unsigned a, b, c, d, family;
+
+	/* "AuthenticAMD" in EBX, EDX, ECX */
+	if (!__get_cpuid(0, &a, &b, &c, &d) || b != 0x68747541u || d != 0x69746e65u ||
+	    c != 0x444d4163u || !__get_cpuid(1, &a, &b, &c, &d))
+		return false;
+	family = (a >> 8) & 0xfu;
+	if (family == 0xfu)
+		family += (a >> 20) & 0xffu;
+	return family == 0x19u;
+}
+
+bool kva__avx512_split(void)
+{
+	int v = atomic_load_explicit(&split_forced, memory_order_relaxed);
+
+	if (v)
+		return v == 2;
+	v = atomic_load_explicit(&split_known, memory_order_relaxed);
+	if (v == 0) {
+		v = cpu_splits_512() ? 2 : 1;
+		atomic_store_explicit(&split_known, v, memory_order_relaxed);
+	}
+	return v == 2;
+}
+
+void kva__avx512_split_force(int split)
+{
+	atomic_store_explicit(&split_forced, split < 0 ? 0 : split ? 2 : 1, memory_order_relaxed);
+}
+
 enum kva_isa kva_isa_best(void)
 {
 	if (kva__isa_supported(KVA_ISA_AVX512))

@@ -863,5 +863,11 @@ int kva__parallel_ahead(int threads, uint32_t n,
 
 /* isa.c */
 bool kva__isa_supported(enum kva_isa isa);
+/* whether this core splits each 512-bit FP operation into two 256-bit
+ * halves (Zen 4): the AVX-512 path then runs the AVX2 tile where that is
+ * faster (decode.c); kva__avx512_split_force(1 / 0) says yes / no for a
+ * test, -1 the CPU's answer again */
+bool kva__avx512_split(void);
+void kva__avx512_split_force(int split);
 
 #endif /* KVA_KERNELS_PVT_H */

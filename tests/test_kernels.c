@@ -2023,6 +2023,60 @@ static void test_a_child_forked_during_a_probe_probes_again(void **state)
 	free(envp);
 }
 
+/*
+ * The tile each path runs (kva_decode_tile), as kva_decode picks it: on a
+ * core that splits 512-bit operations in two (forced here either way), the
+ * AVX-512 path's sliced groups of 3 to 8 (3, 4, 6, 7, 8; head_dim up to
+ * 256) run the AVX2 tile and every other group and head_dim its own; on
+ * any other core the AVX-512 path runs its own tile. AUTO resolves as
+ * kva_decode does; an ISA the CPU lacks, a head_dim the path refuses and
+ * out-of-range arguments are NULL with a message.
+ */
+static void test_decode_tile_names_the_tile_that_runs(void **state)
+{
+	static const int32_t dims[] = { 16, 64, 96, 128, 256, 272 };
+
+	(void)state;
+	assert_string_equal(kva_decode_tile(KVA_ISA_SCALAR, 12, 8), "scalar");
+	assert_string_equal(kva_decode_tile(KVA_ISA_AUTO, 12, 8), "scalar");
+	assert_null(kva_decode_tile(KVA_ISA_SCALAR, 0, 8));
+	assert_null(kva_decode_tile(KVA_ISA_SCALAR, 1025, 8));
+	assert_null(kva_decode_tile(KVA_ISA_SCALAR, 128, 0));
+	assert_null(kva_decode_tile(KVA_ISA_SCALAR, 128, 65));
+	assert_null(kva_decode_tile((enum kva_isa)7, 128, 8));
+	assert_non_null(strstr(kva_errmsg(), "group"));
+	if (kva_isa_best() < KVA_ISA_AVX2) {
+		assert_null(kva_decode_tile(KVA_ISA_AVX2, 128, 8));
+		return;
+	}
+	assert_string_equal(kva_decode_tile(KVA_ISA_AVX2, 128, 8), "avx2");
+	assert_string_equal(kva_decode_tile(KVA_ISA_AVX2, 40, 16), "avx2");
+	assert_null(kva_decode_tile(KVA_ISA_AVX2, 12, 8));
+	if (kva_isa_best() < KVA_ISA_AVX512) {
+		assert_null(kva_decode_tile(KVA_ISA_AVX512, 128, 8));
+		assert_string_equal(kva_decode_tile(KVA_ISA_AUTO, 128, 8), "avx2");
+		return;
+	}
+	assert_null(kva_decode_tile(KVA_ISA_AVX512, 40, 8)); /* not a multiple of 16 */
+	assert_string_equal(kva_decode_tile(KVA_ISA_AUTO, 40, 8), "avx2");
+	for (int split = 0; split < 2; split++) {
+		kva__avx512_split_force(split);
+		for (unsigned j = 0; j < sizeof(dims) / sizeof(dims[0]); j++)
+			for (int32_t g = 1; g <= KVA__MAX_GROUP; g++) {
+				const bool avx2 = split && dims[j] <= 256 &&
+						  (g == 3 || g == 4 || (g >= 6 && g <= 8));
+				const char *want = avx2 ? "avx2" : "avx512";
+
+				if (strcmp(kva_decode_tile(KVA_ISA_AVX512, dims[j], g), want) ||
+				    strcmp(kva_decode_tile(KVA_ISA_AUTO, dims[j], g), want))
+					fail_msg("split %d head_dim %d group %d: %s, %s (want %s)", split,
+						 dims[j], g, kva_decode_tile(KVA_ISA_AVX512, dims[j], g),
+						 kva_decode_tile(KVA_ISA_AUTO, dims[j], g), want);
+			}
+	}
+	kva__avx512_split_force(-1);
+}
+
 static int setup(void **state)
 {
 	(void)state;
@@ -2034,6 +2088,26 @@ static int setup(void **state)
 	for (int k = 0; k < n_isas; k++)
 		fprintf(stderr, " %s", kva_isa_name(isas[k]));
 	fprintf(stderr, "\n");
+	return 0;
+}
+
+/* the decode tests with the AVX-512 tiles chosen as on the other kind of core */
+static int setup_other_split(void **state)
+{
+	bool split;
+
+	kva__avx512_split_force(-1);
+	split = kva__avx512_split();
+	kva__avx512_split_force(!split);
+	fprintf(stderr, "  AVX-512 path as on a core that %s 512-bit operations (this one %s)\n",
+		split ? "does not split" : "splits", split ? "splits them" : "does not");
+	return setup(state);
+}
+
+static int teardown_other_split(void **state)
+{
+	(void)state;
+	kva__avx512_split_force(-1);
 	return 0;
 }
 
@@ -2077,7 +2151,38 @@ int main(void)
 		cmocka_unit_test(test_branch_free_conversions_are_exact),
 		cmocka_unit_test(test_fp8_encodes_to_the_nearest_value),
 		cmocka_unit_test(test_decode_over_arena_blocks_in_both_layouts),
+		cmocka_unit_test(test_decode_tile_names_the_tile_that_runs),
 	};
 
-	return cmocka_run_group_tests_name("kernels", tests, setup, NULL);
+	int failed = cmocka_run_group_tests_name("kernels", tests, setup, NULL);
+
+	/*
+	 * Where the AVX-512 path runs, its groups of 3 to 8 run one tile or the
+	 * other by the core (kva__avx512_split): the decode tests again with
+	 * the choice the other way, so that both tiles are checked against the
+	 * reference on any AVX-512 machine.
+	 */
+	if (kva_isa_best() == KVA_ISA_AVX512) {
+		const struct CMUnitTest other[] = {
+			cmocka_unit_test(test_every_dtype_and_head_dim_matches_the_reference),
+			cmocka_unit_test(test_token_major_groups_every_dtype),
+			cmocka_unit_test(test_gqa_and_mqa_groups),
+			cmocka_unit_test(test_every_group_remainder_every_dtype_and_head_dim),
+			cmocka_unit_test(test_page_sizes_and_lengths_around_boundaries),
+			cmocka_unit_test(test_split_boundaries_and_split_invariance),
+			cmocka_unit_test(test_head_spans_change_nothing),
+			cmocka_unit_test(test_strides_nhd_hnd_and_padding),
+			cmocka_unit_test(test_every_pf_step_computes_the_same),
+			cmocka_unit_test(test_large_logits_groups_3_to_16),
+			cmocka_unit_test(test_half_precision_queries_and_outputs),
+			cmocka_unit_test(test_quantized_caches_are_close_to_what_was_stored),
+			cmocka_unit_test(test_fp8_nan_in_v_reaches_only_its_column),
+			cmocka_unit_test(test_fp8_nan_in_k_is_a_nan_as_in_f32),
+			cmocka_unit_test(test_decode_over_arena_blocks_in_both_layouts),
+		};
+
+		failed += cmocka_run_group_tests_name("kernels, AVX-512 split the other way", other,
+						      setup_other_split, teardown_other_split);
+	}
+	return failed;
 }

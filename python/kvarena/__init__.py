@@ -59,7 +59,7 @@ from .errors import (
     TimedOut,
     TooLarge,
 )
-from .kernels import KVDesc, PageTable, decode, isa_best, kernel_threads, store_kv
+from .kernels import KVDesc, PageTable, decode, decode_tile, isa_best, kernel_threads, store_kv
 from .observe import Observer, observe
 from .seq import OwnerKind, Seq, prefix_hash, prefix_keys, prefix_salt
 from .stats import (
@@ -102,6 +102,7 @@ __all__ = [
     "decode",
     "kernel_threads",
     "isa_best",
+    "decode_tile",
     # dtypes
     "DType",
     "Layout",

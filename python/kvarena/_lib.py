@@ -112,6 +112,7 @@ _PROTOS: dict[str, tuple[object, list[object]]] = {
     "kva_kernel_threads": (c_int, []),
     "kva_isa_best": (_e, []),
     "kva_isa_name": (c_char_p, [_e]),
+    "kva_decode_tile": (c_char_p, [_e, c_int32, c_int32]),
     "kva_cuda_available": (c_int, []),
     "kva_cuda_device_query": (c_int, [c_char_p, _P(A.kva_cuda_device)]),
 }

@@ -39,6 +39,7 @@ __all__ = [
     "decode",
     "kernel_threads",
     "isa_best",
+    "decode_tile",
     "ISAS",
 ]
 
@@ -568,3 +569,20 @@ def isa_best() -> str:
     """The best vector ISA of this CPU the kernels use: avx512, avx2 or scalar."""
     lib = _lib.lib()
     return lib.kva_isa_name(lib.kva_isa_best()).decode()
+
+
+def decode_tile(head_dim: int, group: int, isa: str = "auto") -> str:
+    """The tile :func:`decode` runs for ``isa`` at ``head_dim`` with ``group``
+    query heads per KV head on this CPU: ``"avx512"``, ``"avx2"`` or
+    ``"scalar"`` (``kva_decode_tile``). On a core that splits 512-bit
+    operations (AMD Zen 4) the avx512 path runs the avx2 tile for groups 3,
+    4 and 6-8. Raises :class:`InvalidArgument` (with the library's sentence)
+    for arguments out of range, a head_dim the path does not take, or an isa
+    this CPU lacks."""
+    if isa not in ISAS:
+        raise _einval(f"decode_tile: isa must be one of {sorted(ISAS)}")
+    name = _lib.lib().kva_decode_tile(ISAS[isa], as_int("head_dim", head_dim, 1, MAX_HEAD_DIM),
+                                      as_int("group", group, 1, MAX_GROUP))
+    if name is None:
+        raise _einval(_lib.errmsg())
+    return name.decode()

@@ -36,6 +36,12 @@
  *   group              query heads per KV head (num_q_heads / kv_heads)
  *   threads            kva_decode_opts.threads, and the ceiling's threads
  *   isa                the decode path that ran (auto resolved as kva_decode does)
+ *   tile               the tile that path ran (kva_decode_tile): "avx512",
+ *                      "avx2" or "scalar"; the AVX-512 path runs the AVX2
+ *                      tile for groups 3, 4, 6-8 on a core that splits
+ *                      512-bit operations (Zen 4). roofline_gbps stays the
+ *                      path's (on that core zmm and ymm FMAs have the same
+ *                      peak)
  *   q_dtype            "f32" (q and out)
  *   bytes              K, V and scales one call reads: per sequence
  *                      len * kv_heads * head_dim * 2 * elem_bytes, plus
@@ -96,7 +102,7 @@
  *                      else 4); the bench waits up to a second for that
  *                      count before the trials, so that the step stays
  *                      (and says on stderr if it changed all the same);
- *                      null on the other paths
+ *                      null where another tile runs
  *   roofline_gbps      the arithmetic roofline of the decode's ISA, with
  *                      `threads` threads, in the same run (bench_roofline.c):
  *                      bytes a second if memory cost nothing, each stored
@@ -727,6 +733,10 @@ static int measure(const struct config *c, const struct kvcache *kc, struct batc
 		   struct bench_readbw *rb, const struct decode_opts *o, struct figures *f)
 {
 	const enum kva_isa isa = isa_used(o->isa, c->head_dim);
+	/* the AVX2 tile runs on the AVX2 path, and on the AVX-512 path's
+	 * groups a split core gives it (kva_decode_tile) */
+	const char *tile = kva_decode_tile(isa, (int32_t)c->head_dim, (int32_t)c->group);
+	const bool avx2_tile = tile && !strcmp(tile, "avx2");
 	double roof[BENCH_MAX_TRIALS], paired[BENCH_MAX_TRIALS];
 	double dec[BENCH_MAX_TRIALS], sweep[BENCH_MAX_TRIALS], s4k[BENCH_MAX_TRIALS],
 		s64k[BENCH_MAX_TRIALS], lat[BENCH_MAX_TRIALS], pfk[BENCH_MAX_TRIALS], once, unused;
@@ -746,7 +756,7 @@ static int measure(const struct config *c, const struct kvcache *kc, struct batc
 	if (b->bytes >= 4096 && (ret = time_read(rb, BENCH_READ_4K_PF, pf_distances[0], c, b->bytes,
 						 1, &unused)) < 0)
 		return ret;
-	f->pf_step = isa == KVA_ISA_AVX2 ? settled_pf_step(c) : NAN;
+	f->pf_step = avx2_tile ? settled_pf_step(c) : NAN;
 	f->reps = once >= MIN_TRIAL_NS ? 1 : (unsigned)ceil(MIN_TRIAL_NS / once);
 	if (f->reps > 10000)
 		f->reps = 10000;
@@ -803,7 +813,7 @@ static int measure(const struct config *c, const struct kvcache *kc, struct batc
 			f->scatter4k_pf_distance = (double)pf_distances[d];
 		}
 	}
-	if (isa == KVA_ISA_AVX2 &&
+	if (avx2_tile &&
 	    kva_decode_pf_step(c->dtype, (int32_t)c->head_dim, (int32_t)c->group) != f->pf_step)
 		fprintf(stderr, "decode: the library's prefetch step changed during the trials "
 				"(its count of prefetches kept came late): pf_step is the first\n");
@@ -853,6 +863,7 @@ static int print_line(const struct config *c, const struct batch *b, const struc
 		      const struct kva_arena_info *arena)
 {
 	struct bench_line l;
+	const char *tile;
 
 	bench_line_begin(&l, "decode", "kvarena");
 	bench_line_str(&l, "dtype", kva_dtype_name(c->dtype));
@@ -864,6 +875,8 @@ static int print_line(const struct config *c, const struct batch *b, const struc
 	bench_line_num(&l, "group", c->group, 0);
 	bench_line_num(&l, "threads", c->threads, 0);
 	bench_line_str(&l, "isa", kva_isa_name(isa_used(isa, c->head_dim)));
+	tile = kva_decode_tile(isa_used(isa, c->head_dim), (int32_t)c->head_dim, (int32_t)c->group);
+	bench_line_str(&l, "tile", tile ? tile : "?"); /* the decode ran: never NULL */
 	bench_line_str(&l, "q_dtype", "f32");
 	bench_line_num(&l, "bytes", (double)b->bytes, 0);
 	bench_line_num(&l, "arena_bytes", (double)arena->layout.data_bytes, 0);

@@ -257,3 +257,21 @@ def test_dtype_conversions():
     assert kvarena.DType.of("bfloat16") is kvarena.DType.BF16
     assert kvarena.DType.of(np.float16) is kvarena.DType.F16
     assert kvarena.DType.FP8_E4M3.numpy == np.uint8 and kvarena.DType.INT8.itemsize == 1
+
+
+def test_decode_tile_names_a_tile_and_refuses_bad_arguments():
+    best = kvarena.isa_best()
+    assert kvarena.decode_tile(12, 8, "scalar") == "scalar"
+    assert kvarena.decode_tile(12, 8) == "scalar"
+    assert kvarena.decode_tile(128, 8, "avx2" if best != "scalar" else "scalar") in ("avx2", "scalar")
+    if best == "avx512":
+        assert kvarena.decode_tile(128, 16, "avx512") == "avx512"
+        assert kvarena.decode_tile(128, 8, "avx512") in ("avx512", "avx2")
+        assert kvarena.decode_tile(128, 8) == kvarena.decode_tile(128, 8, "avx512")
+        with pytest.raises(kvarena.InvalidArgument, match="multiple of 16"):
+            kvarena.decode_tile(40, 8, "avx512")
+    for bad in ((0, 8), (1025, 8), (128, 0), (128, 65)):
+        with pytest.raises(kvarena.InvalidArgument):
+            kvarena.decode_tile(*bad)
+    with pytest.raises(kvarena.InvalidArgument):
+        kvarena.decode_tile(128, 8, "sse")
