@@ -752,7 +752,7 @@ static inline int kva__free_inline(struct kva_worker *w, const uint32_t *ids, ui
 		 * each id goes above the cache's top as it is checked, loaded
 		 * once (read again after the store to held[], which may alias
 		 * ids[] as far as the compiler knows, a get+put pair took
-		 * 1.03-1.16x as long on Zen 3: README, thirteenth session) */
+		 * 1.03-1.16x as long on Zen 3: doc/figures.md, thirteenth session) */
 		for (k = 0; k < n; k++) {
 			uint32_t id = ids[k];
 

@@ -210,9 +210,10 @@ static kva__tile_fn pick(enum kva_isa isa, int32_t head_dim, int *err)
  * FMA and F16C). On that core the zmm tile's sliced scores pay a broadcast
  * an FMA and a stored fp32 row a K row, which the ymm tile's dot products
  * (3 tokens x 4 heads, q from L1) do not. Paired there (kvarena-ab, f16,
- * head_dim 128, 8 KV heads, batch 8 x 4096, 2 threads; README, thirtieth
- * session), the AVX2 tile read groups 3, 4, 6, 7 and 8 1.06-1.35x as fast
- * out of cache (1.16-1.54x on one page), group 5 (dot products on both)
+ * head_dim 128, 8 KV heads, batch 8 x 4096, 2 threads; doc/figures.md,
+ * thirtieth session), the AVX2 tile read groups 3, 6, 7 and 8 1.05-1.35x
+ * as fast out of cache, group 4 (memory bound there) 0.97-1.06, and
+ * 1.16-1.54x on one page; group 5 (dot products on both)
  * 1.02, and lost at 2 (0.93), 9, 10 (0.93-0.95) and 16 (0.89-0.92).
  */
 static kva__tile_fn tile_for(kva__tile_fn tile, int32_t group, int32_t head_dim)

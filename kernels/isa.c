@@ -57,7 +57,7 @@ bool kva__isa_supported(enum kva_isa isa)
  * Zen 4 asks). Its two FMA pipes are 256 bits wide: a zmm FMA issues once a
  * cycle where a ymm FMA issues twice, the same flops, but what the zmm
  * tiles add to their FMAs costs twice as much. In loops of 12 independent
- * FMAs on that core (Zen 4, family 25 model 17, KVM; README, thirtieth
+ * FMAs on that core (Zen 4, family 25 model 17, KVM; doc/figures.md, thirtieth
  * session), a vbroadcastsd or vbroadcastss into a zmm before each FMA took
  * 1.32-1.37x the FMAs' time where a ymm FMA's embedded broadcast took about
  * 1.2x the ymm FMAs', a zmm store after each 2.1x; so the AVX-512 tile's

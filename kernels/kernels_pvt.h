@@ -71,7 +71,7 @@ struct kva__tile {
  * no cache (kva_cpu_prefetch_kept(): Zen 4 63-64), not one that drops what
  * it cannot start (Zen 3 21-26). The two want different cursors: a run's
  * lines asked for in one tight loop read 1.08-1.09x as fast in L2 at group
- * 1 on Zen 4 and 0.99-1.06 out of cache (README, twenty-first session),
+ * 1 on Zen 4 and 0.99-1.06 out of cache (doc/figures.md, twenty-first session),
  * where on Zen 3 the same loop read 0.957-0.974 at group 1 (8-token
  * steps) and 0.945 at group 2 out of cache (seventeenth session).
  */
@@ -93,7 +93,7 @@ static inline bool kva__pf_queues(int32_t kept)
  * 9-11, whose pads would be 3 of 8 and 5 to 7 of 16: paired on Intel Xeon
  * family 6 model 207, the dot products ran group 5 1.07-1.16x as fast as
  * sliced, 9 1.13-1.19x, 10 1.05-1.08x, 11 1.0x; group 6 1.0x, 7 0.94-0.96x,
- * 12 0.90-0.94x, README twenty-fifth session). Where it is not 0 the driver
+ * 12 0.90-0.94x, doc/figures.md, twenty-fifth session). Where it is not 0 the driver
  * lays each KV head's q out as [head_dim / W][16] (decode.c): lane g * W + j
  * of row r is q[g][r * W + j], 0 for a pad head (g >= group).
  */
@@ -183,7 +183,7 @@ static inline const void *kva__row(const struct kva__tile *tl, const void *base,
  * turns a block at 8 KV heads, K and V). Worked out here once a block, not
  * by a scan of the rows at each turn: 7% fewer instructions at group 4, and
  * on Zen 3 (AVX2, out of cache, against the build before) 1.05-1.10x as fast
- * at groups 1 and 4 with 8 KV heads, 1.05-1.17x with one (README,
+ * at groups 1 and 4 with 8 KV heads, 1.05-1.17x with one (doc/figures.md,
  * fourteenth session; the AVX-512 tile shares it, unmeasured).
  */
 struct kva__rows {
@@ -291,7 +291,7 @@ static inline void kva__scales_at(const struct kva__tile *t, int32_t tb, int n, 
  * group 1; not at group 4 on avx512), with this order or the one before:
  * the hint stays T1, whose loss there is smaller than T0's on Zen 4. On
  * Zen 3 (family 25 model 1, AVX2) T0, T2 and NTA read 0.95-1.03 of T1 at
- * groups 1 and 4 (README, fifteenth session): no difference there.
+ * groups 1 and 4 (doc/figures.md, fifteenth session): no difference there.
  */
 struct kva__pf {
 	const char *p;              /* the next line of the current run to ask for, */
@@ -324,7 +324,7 @@ struct kva__pf {
  * them where a token's heads lie end to end and so do the tokens (NHD),
  * else a row. Taking HND's rows token by token, each head in turn, jumped
  * 4 KiB every 256 bytes; in address order group 1 reads 1.1-1.4x faster
- * on one thread of Zen 5, on both vector paths (README "Current figures").
+ * on one thread of Zen 5, on both vector paths (doc/figures.md).
  */
 static inline void kva__pf_begin(struct kva__pf *pf, const struct kva__tile *t,
 				 const struct kva__rows *nx, size_t row_bytes, int steps)
@@ -485,7 +485,7 @@ static inline void kva__pf_lines(struct kva__pf *pf, int lines)
  * drop prefetches it cannot start (`prefetch_kept` of kvarena-bench
  * decode: 22-24 of 64 kept on that Zen 3), but bursts cut to fewer lines
  * read no more there either. Paired in one process on Zen 3 (kvarena-ab,
- * README fifteenth session), over one page of 8 KV heads (in L2, group
+ * doc/figures.md, fifteenth session), over one page of 8 KV heads (in L2, group
  * 4): without any cursor the decode computed 1.20-1.33x as fast, with an
  * empty call in the place of each step 0.96-1.09 of the real cursor, with
  * the prefetches and no call (the common case inline) 1.00-1.07; so about
@@ -524,7 +524,7 @@ static inline void kva__pf_step(struct kva__pf *pf)
  * instruction read as fast as the real one, and one with no cursor at all
  * 1.27-1.33x (group 4) and 1.14-1.19x (group 8) as fast: the steps'
  * bookkeeping, not the prefetches, was a fifth (group 4) to a seventh
- * (group 8) of the tile's time in the core (README, twenty-seventh
+ * (group 8) of the tile's time in the core (doc/figures.md, twenty-seventh
  * session).
  */
 #define KVA__PFQ_RUNS (2 * KVA__BLOCK_TOKENS)
@@ -651,14 +651,14 @@ static inline void kva__pfq_end(struct kva__pfq *q)
  *   The turn's rows are read in the order the next turn reads them, one
  *   page's 4 KiB piece after another, and what is in flight is an eighth
  *   of a block. On Zen 3 a turn ahead read group 1 1.3-1.5x faster on two
- *   threads (README "Current figures"). Not for want of L2 alone: a block
+ *   threads (doc/figures.md). Not for want of L2 alone: a block
  *   ahead holds two blocks (384 KiB) in Zen 3's 512 KiB, but blocks of 16
  *   tokens (64 KiB, a page of every head) a block ahead were slower too,
- *   about 0.75 of the turn ahead (README, ninth session: a throwaway
+ *   about 0.75 of the turn ahead (doc/figures.md, ninth session: a throwaway
  *   build, not one this tree can make). Turns of two and four KV heads
  *   (runs of 8 and 16 KiB in address order) read 0.85-0.90 and 0.80-0.82
  *   of one head's turns, and a cursor that started a quarter or half a
- *   turn late 0.82-0.94 (Zen 3, groups 1 and 4, README fifteenth
+ *   turn late 0.82-0.94 (Zen 3, groups 1 and 4, doc/figures.md, fifteenth
  *   session). With a span of one head the two are the same.
  *
  * Past a tile's last block (or turn) the cursor runs over the next tile's
@@ -731,9 +731,9 @@ static inline void kva__blocks_begin(struct kva__blocks *b, const struct kva__ti
  * the TLB's reach, and a page's first touch in the middle of the spread
  * waited for its page walk. Walked here, they overlap one another and are
  * done before the lines are asked for: on Zen 4 it brought 4 KiB pages
- * close to what 2 MiB pages give, on both vector paths (README "Current
- * figures" has the runs). Each address asked for is one the block reads (a
- * run's first byte, or a page start inside a run); tokens whose rows lie
+ * close to what 2 MiB pages give, on both vector paths (doc/figures.md
+ * has the runs). Each address asked for is one the block reads (a run's
+ * first byte, or a page start inside a run); tokens whose rows lie
  * one token stride apart are taken as one range per head, where no gap
  * between rows can hold a page of its own.
  */
@@ -820,7 +820,7 @@ static inline void kva__blocks_turn(struct kva__blocks *b, const struct kva__til
  * generic instance's groups 1 and 2 counted the other instances' finer
  * steps for a sitting: at head_dim 256 they read 0.92-0.97 (group 1) and
  * 0.82-0.85 (group 2) of what they read counted right (AVX-512, Intel Xeon
- * family 6 model 207; README, twenty-eighth session).
+ * family 6 model 207; doc/figures.md, twenty-eighth session).
  */
 static inline void kva__blocks_turn_end(struct kva__blocks *b, const struct kva__rows *bk)
 {

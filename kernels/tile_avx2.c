@@ -22,7 +22,7 @@
  * Out of cache, how many rows the loads are spread over at once counts as
  * much as the arithmetic (measured on Zen 3, AVX2, group 1): scores over
  * 12 rows a chunk at a time read less than over 2 rows each from start to
- * end (README, twelfth session).
+ * end (doc/figures.md, twelfth session).
  *
  * and read each K and V line of a head once per block where the group allows
  * (all heads of a group at once). A page is [kv_head][token][head_dim], so
@@ -30,14 +30,14 @@
  * tokens: a line in each of L1's 64 sets), and a block of 48 tokens is
  * three such pieces. Copying a turn's V rows into one buffer first, before
  * or during the scores, computed 0.934-0.951x as fast (group 8, paired on
- * Zen 4; README, twenty-third session). A block is 48 tokens (3 x 16).
+ * Zen 4; doc/figures.md, twenty-third session). A block is 48 tokens (3 x 16).
  * exp2 builds 2^n from its exponent bits (AVX2 has no vscalefps).
  *
  * Groups of 4, 8 and 16 heads keep a block's scores token-major (tg_block:
  * a token's scores side by side), so that the softmax runs lane by lane
  * over every head at once, and the 3 x 4 tiles' sums are stored as they
  * come; other groups head-major (head_block: a head's scores side by side,
- * 8 tokens a vector). Paired on Zen 4 (README, twenty-second session):
+ * 8 tokens a vector). Paired on Zen 4 (doc/figures.md, twenty-second session):
  * group 8 1.052-1.065x as fast, group 4 1.019-1.054x, group 16
  * 1.018-1.055x (f16); fp8 and int8 since the twenty-third, their scales in
  * each token's lanes.
@@ -59,8 +59,8 @@
  * prefetches (t->pf_queue, kva__pf_queues), where fewer calls of the
  * cursor's tight loop cost the core less. On Zen 3 (it drops them), AVX2,
  * group 4 out of cache, each build in four code layouts: 16 0.98-0.99,
- * 6 0.96, 4 0.94-0.95 of 8 (README, seventeenth session). On Zen 4 without
- * AVX-512, kvarena-ab paired in each order with the tight loop (README,
+ * 6 0.96, 4 0.94-0.95 of 8 (doc/figures.md, seventeenth session). On Zen 4 without
+ * AVX-512, kvarena-ab paired in each order with the tight loop (doc/figures.md,
  * twenty-first session): 16 in the parts of two heads read group 2 out of
  * cache 1.043-1.082 (4 runs), on one thread 1.085, in L2 1.041-1.060,
  * group 6 0.999-1.016; 16 in every part then read group 3 1.037-1.080,
@@ -86,7 +86,7 @@ static inline int acc_step(bool pf_queue)
  * whole burst (Zen 4: 63-64) the long one, whose steps cost fewer calls.
  * Each build in four code layouts, kvarena-ab, AVX2: Zen 3 group 1 out of
  * cache 1.02-1.06x as fast at 4 as at 8 (4 runs), 0.93 at 16, 1.01-1.02 at
- * 2, in L2 0.96 at 4 (README, seventeenth session); Zen 4 8 against 4
+ * 2, in L2 0.96 at 4 (doc/figures.md, seventeenth session); Zen 4 8 against 4
  * 1.04-1.10 at group 1 out of cache (4 runs, all 16 layout pairs faster),
  * 1.00 in L2, 1.07 at group 5 (nineteenth session).
  */
@@ -199,7 +199,7 @@ AI void score_body(const struct kva__tile *t, const struct kva__rows *bk, size_t
 		 * Zen 3 (AVX2, f16), as the median of 7-10 runs alternating
 		 * with other builds: over 12 rows at once it read 0.69-0.76 of
 		 * the sweep, over 6 0.68, 3 0.77-0.80, 2 0.79-0.88 and 1 0.72
-		 * (README, twelfth session).
+		 * (doc/figures.md, twelfth session).
 		 */
 		__m256 sum[12];
 
@@ -912,7 +912,7 @@ AI void head_block(const struct kva__tile *t, const struct kva__rows *bk, struct
 		 * time in the core (with no softmax at all group 4 read
 		 * 1.07x as fast out of cache). Zen 3, AVX2, kvarena-ab (2
 		 * threads): group 4 1.01-1.05x as fast out of cache and
-		 * group 1 1.03, each build in four code layouts (README,
+		 * group 1 1.03, each build in four code layouts (doc/figures.md,
 		 * sixteenth session); in L2 1.00.
 		 */
 		kva__pf_step(pf);

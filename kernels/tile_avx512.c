@@ -26,7 +26,7 @@
  * the AVX2 tile: paired on Intel Xeon family 6 model 207 against a block
  * ahead (what this tile took before), out of cache, 2 threads, one run in
  * each order: group 1 1.09-1.10x as fast, 4 1.11-1.13x, 8 1.08-1.12x, 16
- * 1.11x (README, twenty-fourth session).
+ * 1.11x (doc/figures.md, twenty-fourth session).
  */
 #include <immintrin.h>
 
@@ -44,7 +44,7 @@
  * each part, as before (every 4 rows measured slower). Paired on Intel
  * Xeon family 6 model 207 (AVX-512, out of cache, f16), the inline steps
  * read groups 1 and 2 1.04-1.11x as fast as the calls, groups 5, 9 and 11
- * 0.93-1.02, finer or not (README, twenty-seventh session).
+ * 0.93-1.02, finer or not (doc/figures.md, twenty-seventh session).
  */
 #define ACC_STEP 8
 
@@ -63,7 +63,7 @@
  * 1.17-1.33x as fast as the even spread; a step's own lines (all of them)
  * 1.07-1.08x and 1.09-1.13x, half 1.18x and 1.16x; head_dim 64, f32,
  * bf16, int8 and NHD pages 1.03-1.14x, fp8 1.00-1.01, one thread 1.18x,
- * in L3 1.06x, one page 0.94-1.29 (noise) (README, twenty-ninth session).
+ * in L3 1.06x, one page 0.94-1.29 (noise) (doc/figures.md, twenty-ninth session).
  * The AVX2 tile's steps taken the same way gained out of cache but lost
  * in cache and on fp8: not taken there (README, the tried list).
  */
@@ -103,7 +103,7 @@ AI __m512 reduce16(const __m512 v[16])
  * -150 and scalef's 2^-150 as the zero, the sliced groups with pad heads
  * (then 3, 5-7, 9-15: every exponentiated vector has a lane of one) ran
  * 1.6-1.8x as long as the dot-product tile on Intel Xeon family 6 model 207
- * (README, twenty-fifth session). From -126 up, n >= -126 and f >= 0
+ * (doc/figures.md, twenty-fifth session). From -126 up, n >= -126 and f >= 0
  * where n = -126, so the result is a normal number.
  */
 AI __m512 exp2_ps(__m512 x)

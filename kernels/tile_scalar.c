@@ -13,7 +13,7 @@
  * sums in a fixed order, which a compiler may not make of one running sum
  * (it may not reorder float additions). Zen 4 without AVX-512 under KVM,
  * `--isa scalar`, f16: 2.1-2.9x as fast as before (kvarena-ab, groups 1, 4
- * and 8; README, eighteenth session).
+ * and 8; doc/figures.md, eighteenth session).
  */
 #include "kernels_pvt.h"
 

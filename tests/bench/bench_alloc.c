@@ -474,7 +474,7 @@ static int mx_trial(void *ctx, uint64_t start_ns, uint64_t end_ns, struct bench_
  * machine falls on both alike. Measured one after the other, a run's
  * DPDK trials and its kvarena trials were seconds apart, and on a shared
  * machine whose speed moves by a third in that time the ratios moved with
- * it (uncached 0.8-1.5x over runs of one build, README nineteenth session).
+ * it (uncached 0.8-1.5x over runs of one build, doc/figures.md, nineteenth session).
  */
 struct dpdk_peer {
 	bool on;
