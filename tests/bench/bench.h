@@ -347,9 +347,11 @@ enum bench_read_pattern {
 	BENCH_READ_4K = 1,    /* 4 KiB chunks in a random order, a share each */
 	BENCH_READ_64K = 2,   /* 64 KiB chunks likewise */
 	BENCH_READ_4K_PF = 3, /* BENCH_READ_4K prefetched: bench_readbw_run_prefetched() */
+	BENCH_READ_4K_ARITH = 4, /* the same read by a caller's function: bench_readbw_run_over() */
 };
 
-/* A buffer of random bytes, touched, and a team of threads that read it. */
+/* A buffer of random bytes (each 16 bits a finite, normal number in every
+ * dtype: bench_readbw_run_over), touched, and a team of threads that read it. */
 struct bench_readbw;
 
 /*
@@ -386,6 +388,20 @@ int bench_readbw_run(struct bench_readbw *r, enum bench_read_pattern pattern, si
  */
 int bench_readbw_run_prefetched(struct bench_readbw *r, size_t bytes, size_t distance,
 				unsigned threads, unsigned reps, uint64_t *elapsed_ns);
+
+/*
+ * bench_readbw_run_over - bench_readbw_run_prefetched()'s order, shares,
+ * first prefetches and distance, but each whole chunk read by @fn rather
+ * than summed: fn(@ctx, thread, chunk, the chunk @distance ahead in the
+ * share (or the chunk itself past the share's end), 4096), on thread
+ * [0, @threads). @fn asks for the lines ahead itself, as it reads.
+ * Return: 0, -EINVAL, -ENOMEM.
+ */
+typedef void (*bench_chunk_fn)(void *ctx, unsigned thread, const char *p, const char *pf,
+			       size_t len);
+int bench_readbw_run_over(struct bench_readbw *r, size_t bytes, size_t distance,
+			  unsigned threads, unsigned reps, bench_chunk_fn fn, void *ctx,
+			  uint64_t *elapsed_ns);
 
 /*
  * bench_readbw_latency - what one load costs when its address is the value

@@ -119,6 +119,24 @@
  *                      shared machine whose speed moves from one trial to
  *                      the next, the steadier figure (bound_ratio divides
  *                      medians taken at different moments)
+ *   arith_stream_gbps  a plain loop's figure in the same run, as a peer:
+ *                      the roofline's arithmetic (each element converted
+ *                      once, `group` FMAs) over the decode's bytes read as
+ *                      scatter4k_pf reads them (the random 4 KiB order from
+ *                      memory, prefetcht1 spread over the reads a distance
+ *                      ahead: bench_readbw_run_over, bench_arith_chunk), at
+ *                      the fastest of scatter4k_pf's distances. Not a bound:
+ *                      what a straightforward kernel gets where arithmetic
+ *                      and reads must overlap, on this machine
+ *   arith_stream_distance  that distance in bytes
+ *   arith_stream_ratio gbps / arith_stream_gbps: above 1, the decode
+ *                      overlaps its reads and arithmetic better than the
+ *                      plain loop
+ *   arith_stream_ratio_paired  the median of the trials' own ratios (each
+ *                      plain loop run right after its trial's decode)
+ *   arith_stream_of_bound  arith_stream_gbps / bound_gbps: how near the
+ *                      plain loop comes to min(ceiling, roofline) here (all
+ *                      five null on the scalar path or under 4 KiB)
  *   cache_resident     bytes < 2 x the last-level cache (sysfs index3):
  *                      the figures then say more about caches than memory;
  *                      null when sysfs does not tell the cache size
@@ -564,6 +582,8 @@ struct figures {
 	double scatter4k_pf_gbps, scatter4k_pf_distance;
 	double prefetch_kept; /* NaN: too few bytes for a burst, or no trial could count */
 	double roofline_gbps; /* NaN on the scalar path */
+	double stream_gbps, stream_distance; /* NaN on the scalar path or under 4 KiB */
+	double stream_ratio_paired;
 	double bound_ratio_paired; /* the median of the trials' own ratios */
 	double naive_ms, naive_sampled, max_rel_err;
 	double other_cpus;
@@ -656,7 +676,24 @@ static int time_read(struct bench_readbw *rb, enum bench_read_pattern p, size_t 
 	return ret;
 }
 
-/* the prefetch distances of scatter4k_pf_gbps, in bytes */
+/*
+ * The decode's arithmetic over @bytes read as BENCH_READ_4K_PF reads them
+ * (bench_readbw_run_over, bench_arith_chunk), prefetched @distance ahead.
+ */
+static int time_over(struct bench_readbw *rb, struct bench_arith *a, size_t distance,
+		     const struct config *c, size_t bytes, unsigned reps, double *ns)
+{
+	uint64_t el;
+	int ret = bench_readbw_run_over(rb, bytes, distance, c->threads, reps, bench_arith_chunk, a,
+					&el);
+
+	if (ret < 0)
+		fprintf(stderr, "decode: the arithmetic over memory: %s\n", strerror(-ret));
+	*ns = (double)el / reps;
+	return ret;
+}
+
+/* the prefetch distances of scatter4k_pf_gbps and stream_gbps, in bytes */
 static const size_t pf_distances[] = { 16u << 10, 32u << 10, 64u << 10, 128u << 10 };
 #define PF_DISTANCES (sizeof(pf_distances) / sizeof(pf_distances[0]))
 
@@ -740,7 +777,9 @@ static int measure(const struct config *c, const struct kvcache *kc, struct batc
 	double roof[BENCH_MAX_TRIALS], paired[BENCH_MAX_TRIALS];
 	double dec[BENCH_MAX_TRIALS], sweep[BENCH_MAX_TRIALS], s4k[BENCH_MAX_TRIALS],
 		s64k[BENCH_MAX_TRIALS], lat[BENCH_MAX_TRIALS], pfk[BENCH_MAX_TRIALS], once, unused;
-	double spf[PF_DISTANCES][BENCH_MAX_TRIALS];
+	double spf[PF_DISTANCES][BENCH_MAX_TRIALS], ovl[PF_DISTANCES][BENCH_MAX_TRIALS];
+	struct bench_arith *arith = NULL;
+	const bool over = isa != KVA_ISA_SCALAR && b->bytes >= 4096;
 	unsigned npfk = 0;
 	struct cpu_sample c0, c1;
 	int ret;
@@ -756,6 +795,12 @@ static int measure(const struct config *c, const struct kvcache *kc, struct batc
 	if (b->bytes >= 4096 && (ret = time_read(rb, BENCH_READ_4K_PF, pf_distances[0], c, b->bytes,
 						 1, &unused)) < 0)
 		return ret;
+	if (over && ((ret = bench_arith_open(isa, c->dtype, c->group, c->threads, &arith)) < 0 ||
+		     (ret = time_over(rb, arith, pf_distances[0], c, b->bytes, 1, &unused)) < 0)) {
+		fprintf(stderr, "decode: the arithmetic over memory: %s\n", strerror(-ret));
+		bench_arith_close(arith);
+		return ret;
+	}
 	f->pf_step = avx2_tile ? settled_pf_step(c) : NAN;
 	f->reps = once >= MIN_TRIAL_NS ? 1 : (unsigned)ceil(MIN_TRIAL_NS / once);
 	if (f->reps > 10000)
@@ -767,20 +812,26 @@ static int measure(const struct config *c, const struct kvcache *kc, struct batc
 		    (ret = bench_roofline(isa, c->dtype, c->group, c->threads,
 					  roofline_bytes(c, b), &roof[t])) < 0) {
 			fprintf(stderr, "decode: roofline: %s\n", strerror(-ret));
-			return ret;
+			goto out;
 		}
-		if ((ret = time_decode(c, kc, b, o->isa, f->reps, &dec[t])) < 0 ||
-		    (ret = time_read(rb, BENCH_READ_SWEEP, 0, c, b->bytes, f->reps, &sweep[t])) < 0 ||
+		if ((ret = time_decode(c, kc, b, o->isa, f->reps, &dec[t])) < 0)
+			goto out;
+		/* right after the decode, each distance, for stream_ratio_paired */
+		for (unsigned d = 0; over && d < PF_DISTANCES; d++)
+			if ((ret = time_over(rb, arith, pf_distances[d], c, b->bytes, f->reps,
+					     &ovl[d][t])) < 0)
+				goto out;
+		if ((ret = time_read(rb, BENCH_READ_SWEEP, 0, c, b->bytes, f->reps, &sweep[t])) < 0 ||
 		    (ret = time_read(rb, BENCH_READ_4K, 0, c, b->bytes, f->reps, &s4k[t])) < 0 ||
 		    (ret = time_read(rb, BENCH_READ_64K, 0, c, b->bytes, f->reps, &s64k[t])) < 0)
-			return ret;
+			goto out;
 		for (unsigned d = 0; d < PF_DISTANCES && b->bytes >= 4096; d++)
 			if ((ret = time_read(rb, BENCH_READ_4K_PF, pf_distances[d], c, b->bytes, f->reps,
 						&spf[d][t])) < 0)
-				return ret;
+				goto out;
 		if ((ret = bench_readbw_latency(rb, b->bytes, LATENCY_LOADS, &lat[t])) < 0) {
 			fprintf(stderr, "decode: memory latency: %s\n", strerror(-ret));
-			return ret;
+			goto out;
 		}
 		if (b->bytes / 4096 >= PREFETCH_BURST) {
 			double kept;
@@ -788,17 +839,31 @@ static int measure(const struct config *c, const struct kvcache *kc, struct batc
 			if ((ret = bench_readbw_prefetch_kept(rb, b->bytes, PREFETCH_BURST,
 							      PREFETCH_ROUNDS, &kept)) < 0) {
 				fprintf(stderr, "decode: prefetches kept: %s\n", strerror(-ret));
-				return ret;
+				goto out;
 			}
 			if (isfinite(kept)) /* the median of the trials that could count */
 				pfk[npfk++] = kept;
 		}
-		/* the trial's own ratio, before the medians sort the arrays */
+		/* the trials' own ratios, before the medians sort the arrays */
 		paired[t] = (double)b->bytes / dec[t] /
 			    (isa == KVA_ISA_SCALAR ? (double)b->bytes / sweep[t]
 						   : fmin((double)b->bytes / sweep[t], roof[t]));
 	}
 	f->bound_ratio_paired = bench_median(paired, o->trials);
+	/* the distance whose median is fastest, and the trials' own ratios at it */
+	f->stream_gbps = f->stream_distance = f->stream_ratio_paired = NAN;
+	for (unsigned d = 0; over && d < PF_DISTANCES; d++) {
+		double own[BENCH_MAX_TRIALS], g;
+
+		for (unsigned t = 0; t < o->trials; t++)
+			own[t] = ovl[d][t] / dec[t] * (double)b->bytes / (double)(b->bytes / 4096 * 4096);
+		g = (double)(b->bytes / 4096 * 4096) / bench_median(ovl[d], o->trials);
+		if (!(g <= f->stream_gbps)) {
+			f->stream_gbps = g;
+			f->stream_distance = (double)pf_distances[d];
+			f->stream_ratio_paired = bench_median(own, o->trials);
+		}
+	}
 	f->ms = bench_median(dec, o->trials) / 1e6;
 	f->gbps = (double)b->bytes / (f->ms * 1e6);
 	f->ceiling_gbps = (double)b->bytes / bench_median(sweep, o->trials);
@@ -824,7 +889,10 @@ static int measure(const struct config *c, const struct kvcache *kc, struct batc
 	measure_naive(c, kc, b, o->quick ? 1 : NAIVE_TRIALS, f);
 	cpu_sample(&c1);
 	f->other_cpus = other_cpus(&c0, &c1);
-	return 0;
+	ret = 0;
+out:
+	bench_arith_close(arith);
+	return ret;
 }
 
 /* ------------------------------------------------------------ output */
@@ -909,6 +977,12 @@ static int print_line(const struct config *c, const struct batch *b, const struc
 		bench_line_num(&l, "bound_ratio", f->gbps / bound, 3);
 	}
 	bench_line_num(&l, "bound_ratio_paired", f->bound_ratio_paired, 3);
+	bench_line_num(&l, "arith_stream_gbps", f->stream_gbps, 2);
+	bench_line_num(&l, "arith_stream_distance", f->stream_distance, 0);
+	bench_line_num(&l, "arith_stream_ratio", f->gbps / f->stream_gbps, 3);
+	bench_line_num(&l, "arith_stream_ratio_paired", f->stream_ratio_paired, 3);
+	bench_line_num(&l, "arith_stream_of_bound", isnan(f->roofline_gbps) ? NAN
+			: f->stream_gbps / fmin(f->ceiling_gbps, f->roofline_gbps), 3);
 	if (llc)
 		bench_line_bool(&l, "cache_resident", b->bytes < 2 * llc);
 	else
@@ -995,11 +1069,12 @@ static int run_geometry(const struct decode_opts *o, const struct config *g,
 					 kva_arena_info(kc.arena));
 		if (ret == 0) {
 			fprintf(stderr, "decode: %-8s hd %3u b %2u ctx %5u g %u t %u: %9.3f ms "
-				"%6.2f GB/s of %6.2f (%.2f), prefetched 4k %6.2f, roofline %6.1f  latency %4.0f ns  prefetches kept %4.1f  naive x%.0f  "
+				"%6.2f GB/s of %6.2f (%.2f), prefetched 4k %6.2f, roofline %6.1f, plain loop %6.2f  latency %4.0f ns  prefetches kept %4.1f  naive x%.0f  "
 				"err %.1e  others %.2f%s\n",
 				kva_dtype_name(c->dtype), c->head_dim, c->batch, c->context, c->group,
 				c->threads, f.ms, f.gbps, f.ceiling_gbps, f.gbps / f.ceiling_gbps,
-				f.scatter4k_pf_gbps, f.roofline_gbps, f.latency_ns, f.prefetch_kept,
+				f.scatter4k_pf_gbps, f.roofline_gbps, f.stream_gbps, f.latency_ns,
+				f.prefetch_kept,
 				f.naive_ms / f.ms, f.max_rel_err, f.other_cpus,
 				f.max_rel_err <= MAX_ERR ? "" : "  WRONG");
 			if (!(f.max_rel_err <= MAX_ERR))

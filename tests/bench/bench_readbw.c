@@ -19,6 +19,9 @@
  * as the tiles issue them (prefetcht1, a few lines at a time, spread over
  * the reads, a distance ahead in the thread's order): how fast a paged
  * layout's reads can be when they are prefetched, with nothing else to do.
+ * And the same prefetched order read by a caller's function instead of
+ * the sum (bench_readbw_run_over: the decode's arithmetic,
+ * bench_roofline.c), to see what the reads and some work give together.
  *
  * The buffer is anonymous memory on 4 KiB pages (no madvise for huge
  * pages), as the arena's shared memory is when the system has no hugetlb
@@ -164,7 +167,9 @@ struct job {
 	enum bench_read_pattern pattern;
 	size_t bytes;
 	unsigned threads, reps;
-	uint32_t ahead; /* BENCH_READ_4K_PF: chunks between a read and its prefetch */
+	uint32_t ahead; /* BENCH_READ_4K_PF and _ARITH: chunks between a read and its prefetch */
+	bench_chunk_fn fn; /* BENCH_READ_4K_ARITH: what reads a chunk */
+	void *ctx;
 };
 
 struct bench_readbw {
@@ -205,7 +210,7 @@ static uint64_t pass(struct bench_readbw *r, const struct job *j, unsigned t)
 			to = j->bytes;
 		return from < to ? r->sum(r->buf + from, to - from) : 0;
 	}
-	if (j->pattern == BENCH_READ_4K_PF) {
+	if (j->pattern == BENCH_READ_4K_PF || j->pattern == BENCH_READ_4K_ARITH) {
 		/* BENCH_READ_4K's order and share, its whole chunks only (a
 		 * last partial one is skipped: a multiple of 64 bytes is what
 		 * the readers prefetch for); the first chunks' lines asked for
@@ -228,7 +233,11 @@ static uint64_t pass(struct bench_readbw *r, const struct job *j, unsigned t)
 			const char *pf = k < to && order[k] < whole ? r->buf + (size_t)order[k] * 4096
 								    : p;
 
-			if (order[i] < whole)
+			if (order[i] >= whole)
+				continue;
+			if (j->pattern == BENCH_READ_4K_ARITH)
+				j->fn(j->ctx, t, p, pf, 4096);
+			else
 				s += r->sum_pf(p, pf, 4096);
 		}
 		return s;
@@ -335,11 +344,19 @@ int bench_readbw_open(size_t max_bytes, unsigned max_threads, uint64_t seed,
 		ret = -errno;
 		goto fail;
 	}
-	/* every page backed by its own memory: an untouched page would read
-	 * the shared zero page, from cache */
+	/*
+	 * Every page backed by its own memory (an untouched page would read
+	 * the shared zero page, from cache), and every element finite and
+	 * normal in each dtype, for BENCH_READ_4K_ARITH's arithmetic (a
+	 * denormal would cost some cores an assist an FMA): each 16 bits
+	 * 0x38xx or 0x39xx with a low byte below 0x40, as bench_roofline's
+	 * buffer (halves about 0.5, bf16 about 2^-15, f32 about 2^-14, fp8
+	 * bytes below 0x40 or 0x38-0x39).
+	 */
 	for (size_t i = 0; i < max_bytes; i += sizeof(uint64_t)) {
-		uint64_t x = bench_rand(&r->rng);
+		uint64_t x = bench_rand(&r->rng) & 0x013f013f013f013full;
 
+		x |= 0x3800380038003800ull;
 		memcpy(r->buf + i, &x, max_bytes - i < sizeof(x) ? max_bytes - i : sizeof(x));
 	}
 	if (__builtin_cpu_supports("avx512f")) {
@@ -461,11 +478,24 @@ int bench_readbw_run_prefetched(struct bench_readbw *r, size_t bytes, size_t dis
 		       elapsed_ns);
 }
 
+int bench_readbw_run_over(struct bench_readbw *r, size_t bytes, size_t distance,
+			  unsigned threads, unsigned reps, bench_chunk_fn fn, void *ctx,
+			  uint64_t *elapsed_ns)
+{
+	if (!r || bytes < 4096 || bytes > r->size || !distance || distance % 4096 || !threads ||
+	    threads > r->helpers + 1 || !reps || !fn || !elapsed_ns)
+		return -EINVAL;
+	return run_job(r, (struct job){ .pattern = BENCH_READ_4K_ARITH, .bytes = bytes,
+					 .threads = threads, .reps = reps,
+					 .ahead = (uint32_t)(distance / 4096), .fn = fn, .ctx = ctx },
+		       elapsed_ns);
+}
+
 int bench_readbw_latency(struct bench_readbw *r, size_t bytes, uint32_t loads, double *ns)
 {
 	const uint32_t *order;
 	uint32_t n = 0;
-	uint64_t t0;
+	uint64_t t0, *saved;
 	char **line, *p;
 	int ret;
 
@@ -474,8 +504,12 @@ int bench_readbw_latency(struct bench_readbw *r, size_t bytes, uint32_t loads, d
 	if ((ret = prepare(r, bytes)) < 0)
 		return ret;
 	line = malloc(sizeof(*line) * loads);
-	if (!line)
+	saved = malloc(sizeof(*saved) * loads);
+	if (!line || !saved) {
+		free(line);
+		free(saved);
 		return -ENOMEM;
+	}
 	/* a random line in each of the first whole chunks of the random 4 KiB
 	 * order: distinct lines, so the chain is one cycle through them all */
 	order = r->order[BENCH_READ_4K];
@@ -484,10 +518,15 @@ int bench_readbw_latency(struct bench_readbw *r, size_t bytes, uint32_t loads, d
 			line[n++] = r->buf + (size_t)order[i] * 4096 + bench_rand(&r->rng) % 64 * 64;
 	if (!n) { /* never: bytes >= 4096 leaves chunk 0 whole */
 		free(line);
+		free(saved);
 		return -EINVAL;
 	}
-	for (uint32_t i = 0; i < n; i++)
+	/* the lines' own bytes put back after: the buffer stays finite
+	 * elements for BENCH_READ_4K_ARITH (a pointer's bytes are not) */
+	for (uint32_t i = 0; i < n; i++) {
+		memcpy(&saved[i], line[i], sizeof(saved[i]));
 		memcpy(line[i], &line[(i + 1) % n], sizeof(char *));
+	}
 	/* the lines were just written: read the bytes once, so that what is
 	 * still cached is what a pass over them leaves (all of it, if they
 	 * fit in the cache; the last of them, if not) */
@@ -505,7 +544,10 @@ int bench_readbw_latency(struct bench_readbw *r, size_t bytes, uint32_t loads, d
 	}
 	*ns = (double)(bench_now_ns() - t0) / loads;
 	r->sink[0] += (uintptr_t)p;
+	for (uint32_t i = 0; i < n; i++)
+		memcpy(line[i], &saved[i], sizeof(saved[i]));
 	free(line);
+	free(saved);
 	return 0;
 }
 

@@ -151,6 +151,141 @@ KVA__TARGET_AVX512 __attribute__((noinline)) static void pass_avx512(const char 
 	}
 }
 
+/*
+ * The same arithmetic over memory (bench_arith_chunk, for bench_readbw's
+ * pattern BENCH_READ_4K_ARITH): @len bytes at @buf, each vector converted
+ * once and multiplied into its G accumulators as PASS_BODY does, and, with
+ * PF, a prefetcht1 for the line of @pf at each offset as the vector there
+ * is read (the lines a distance ahead, spread over the reads as the tiles
+ * and BENCH_READ_4K_PF spread them). Where S vectors are less than a line,
+ * U turns of them make one, so that a line is asked for once; a last part
+ * that is not a whole turn, a vector at a time.
+ */
+#define CHUNK_BODY(VEC, LOAD, ZERO, FMA, ADD, STORE, LOADQ)                                      \
+	const size_t step = VEC * kva_dtype_size(dt), span = S * step;                            \
+	const size_t U = span >= 64 || 64 % span ? 1 : 64 / span;                                \
+	const char *p = buf, *const end = buf + len;                                              \
+	__typeof__(ZERO) a[S * G];                                                                \
+                                                                                                  \
+	for (int k = 0; k < S * G; k++)                                                           \
+		a[k] = ZERO;                                                                      \
+	for (; p + U * span <= end; p += U * span) {                                             \
+		for (size_t l = 0; PF && l < U * span; l += 64)                                   \
+			_mm_prefetch(pf + (p - buf) + l, _MM_HINT_T1);                            \
+		_Pragma("GCC unroll 16")                                                          \
+		for (size_t u = 0; u < U; u++)                                                    \
+			_Pragma("GCC unroll 16")                                                  \
+			for (int v = 0; v < S; v++) {                                             \
+				__typeof__(ZERO) x = LOAD(p + u * span + v * step, dt);           \
+                                                                                                  \
+				_Pragma("GCC unroll 16")                                          \
+				for (int g = 0; g < G; g++)                                       \
+					a[v * G + g] = FMA(x, LOADQ(q + VEC * g), a[v * G + g]);  \
+			}                                                                         \
+	}                                                                                         \
+	for (; p + step <= end; p += step) {                                                      \
+		__typeof__(ZERO) x = LOAD(p, dt);                                                 \
+                                                                                                  \
+		if (PF && !((p - buf) & 63))                                                      \
+			_mm_prefetch(pf + (p - buf), _MM_HINT_T1);                                \
+		_Pragma("GCC unroll 16")                                                          \
+		for (int g = 0; g < G; g++)                                                       \
+			a[g] = FMA(x, LOADQ(q + VEC * g), a[g]);                                  \
+	}                                                                                         \
+	for (int k = 1; k < S * G; k++)                                                           \
+		a[0] = ADD(a[0], a[k]);                                                           \
+	STORE(sink, a[0])
+
+KVA__TARGET_AVX2 AI void chunk_avx2_t(const char *buf, const char *pf, size_t len, const float *q,
+				      float *sink, const enum kva_dtype dt, const int G, const int S,
+				      const bool PF)
+{
+	CHUNK_BODY(8, kva__load8, _mm256_setzero_ps(), _mm256_fmadd_ps, _mm256_add_ps,
+		   _mm256_storeu_ps, _mm256_loadu_ps);
+}
+
+/* PASS_BODY's shapes (pass_avx2_g) */
+KVA__TARGET_AVX2 AI void chunk_avx2_g(const char *buf, const char *pf, size_t len, const float *q,
+				      float *sink, const enum kva_dtype dt, unsigned G,
+				      const bool PF)
+{
+	switch (G) {
+	case 1: chunk_avx2_t(buf, pf, len, q, sink, dt, 1, 12, PF); break;
+	case 2: chunk_avx2_t(buf, pf, len, q, sink, dt, 2, 6, PF); break;
+	case 3: chunk_avx2_t(buf, pf, len, q, sink, dt, 3, 4, PF); break;
+	case 4: chunk_avx2_t(buf, pf, len, q, sink, dt, 4, 2, PF); break;
+	case 5: chunk_avx2_t(buf, pf, len, q, sink, dt, 5, 2, PF); break;
+	case 6: chunk_avx2_t(buf, pf, len, q, sink, dt, 6, 1, PF); break;
+	case 7: chunk_avx2_t(buf, pf, len, q, sink, dt, 7, 1, PF); break;
+	default: chunk_avx2_t(buf, pf, len, q, sink, dt, 8, 1, PF); break;
+	}
+}
+
+KVA__TARGET_AVX2 __attribute__((noinline)) static void
+chunk_avx2(const char *buf, const char *pf, size_t len, const float *q, unsigned G,
+	   enum kva_dtype dt, bool prefetch, float *sink)
+{
+#define CHUNK_DT(PF)                                                                              \
+	switch (dt) {                                                                             \
+	case KVA_F16: chunk_avx2_g(buf, pf, len, q, sink, KVA_F16, G, PF); break;                 \
+	case KVA_BF16: chunk_avx2_g(buf, pf, len, q, sink, KVA_BF16, G, PF); break;               \
+	case KVA_FP8_E4M3: chunk_avx2_g(buf, pf, len, q, sink, KVA_FP8_E4M3, G, PF); break;       \
+	case KVA_INT8: chunk_avx2_g(buf, pf, len, q, sink, KVA_INT8, G, PF); break;               \
+	default: chunk_avx2_g(buf, pf, len, q, sink, KVA_F32, G, PF); break;                      \
+	}
+	if (prefetch)
+		CHUNK_DT(true)
+	else
+		CHUNK_DT(false)
+#undef CHUNK_DT
+}
+
+KVA__TARGET_AVX512 AI void chunk_avx512_t(const char *buf, const char *pf, size_t len,
+					  const float *q, float *sink, const enum kva_dtype dt,
+					  const int G, const int S, const bool PF)
+{
+	CHUNK_BODY(16, kva__load16, _mm512_setzero_ps(), _mm512_fmadd_ps, _mm512_add_ps,
+		   _mm512_storeu_ps, _mm512_loadu_ps);
+}
+
+/* PASS_BODY's shapes (pass_avx512_g) */
+KVA__TARGET_AVX512 AI void chunk_avx512_g(const char *buf, const char *pf, size_t len,
+					  const float *q, float *sink, const enum kva_dtype dt,
+					  unsigned G, const bool PF)
+{
+	switch (G) {
+	case 1: chunk_avx512_t(buf, pf, len, q, sink, dt, 1, 12, PF); break;
+	case 2: chunk_avx512_t(buf, pf, len, q, sink, dt, 2, 6, PF); break;
+	case 3: chunk_avx512_t(buf, pf, len, q, sink, dt, 3, 4, PF); break;
+	case 4: chunk_avx512_t(buf, pf, len, q, sink, dt, 4, 3, PF); break;
+	case 5: chunk_avx512_t(buf, pf, len, q, sink, dt, 5, 3, PF); break;
+	case 6: chunk_avx512_t(buf, pf, len, q, sink, dt, 6, 2, PF); break;
+	case 7: chunk_avx512_t(buf, pf, len, q, sink, dt, 7, 2, PF); break;
+	case 8: chunk_avx512_t(buf, pf, len, q, sink, dt, 8, 2, PF); break;
+	case 9: case 10: case 11: case 12: chunk_avx512_t(buf, pf, len, q, sink, dt, 12, 1, PF); break;
+	default: chunk_avx512_t(buf, pf, len, q, sink, dt, 15, 1, PF); break;
+	}
+}
+
+KVA__TARGET_AVX512 __attribute__((noinline)) static void
+chunk_avx512(const char *buf, const char *pf, size_t len, const float *q, unsigned G,
+	     enum kva_dtype dt, bool prefetch, float *sink)
+{
+#define CHUNK_DT(PF)                                                                              \
+	switch (dt) {                                                                             \
+	case KVA_F16: chunk_avx512_g(buf, pf, len, q, sink, KVA_F16, G, PF); break;               \
+	case KVA_BF16: chunk_avx512_g(buf, pf, len, q, sink, KVA_BF16, G, PF); break;             \
+	case KVA_FP8_E4M3: chunk_avx512_g(buf, pf, len, q, sink, KVA_FP8_E4M3, G, PF); break;     \
+	case KVA_INT8: chunk_avx512_g(buf, pf, len, q, sink, KVA_INT8, G, PF); break;             \
+	default: chunk_avx512_g(buf, pf, len, q, sink, KVA_F32, G, PF); break;                    \
+	}
+	if (prefetch)
+		CHUNK_DT(true)
+	else
+		CHUNK_DT(false)
+#undef CHUNK_DT
+}
+
 struct job {
 	enum kva_isa isa;
 	enum kva_dtype dt;
@@ -357,4 +492,75 @@ out:
 	pthread_mutex_destroy(&j->lock);
 	free(j);
 	return ret;
+}
+
+/* ------------------------------------------- the arithmetic over memory */
+
+struct bench_arith {
+	enum kva_isa isa;
+	enum kva_dtype dt;
+	unsigned group, threads;
+	float *q;                    /* 16 x group floats a thread, on lines of their own */
+	float (*sink)[16];           /* a thread's accumulators: the work is used */
+};
+
+int bench_arith_open(enum kva_isa isa, enum kva_dtype dt, unsigned group, unsigned threads,
+		     struct bench_arith **out)
+{
+	struct bench_arith *a;
+	size_t per;
+
+	if ((isa != KVA_ISA_AVX2 && isa != KVA_ISA_AVX512) || !threads || threads > MAX_THREADS ||
+	    !group || group > 1024 || !kva_dtype_size(dt) || !out)
+		return -EINVAL;
+	if (!(a = calloc(1, sizeof(*a))))
+		return -ENOMEM;
+	per = ((size_t)16 * group * sizeof(float) + 63) / 64 * 64; /* a thread's q, whole lines */
+	a->q = aligned_alloc(64, per * threads);
+	a->sink = aligned_alloc(64, sizeof(*a->sink) * threads);
+	if (!a->q || !a->sink) {
+		bench_arith_close(a);
+		return -ENOMEM;
+	}
+	a->isa = isa;
+	a->dt = dt;
+	a->group = group;
+	a->threads = threads;
+	/* as run_one()'s */
+	for (unsigned t = 0; t < threads; t++)
+		for (unsigned g = 0; g < 16 * group; g++)
+			a->q[per / sizeof(float) * t + g] = 1.0f / (float)(g + 1);
+	*out = a;
+	return 0;
+}
+
+void bench_arith_close(struct bench_arith *a)
+{
+	if (!a)
+		return;
+	free(a->q);
+	free(a->sink);
+	free(a);
+}
+
+void bench_arith_chunk(void *ctx, unsigned thread, const char *p, const char *pf, size_t len)
+{
+	struct bench_arith *a = ctx;
+	const size_t per = ((size_t)16 * a->group * sizeof(float) + 63) / 64 * 64;
+	const float *q = a->q + per / sizeof(float) * (thread % a->threads);
+	const unsigned most = a->isa == KVA_ISA_AVX512 ? 15 : 8;
+	const unsigned vec = a->isa == KVA_ISA_AVX512 ? 16 : 8;
+
+	/* a group beyond the registers in parts, as run_one()'s: the first
+	 * asks for the lines ahead, the others read the chunk again from L1 */
+	for (unsigned g0 = 0; g0 < a->group; g0 += most) {
+		unsigned n = a->group - g0 < most ? a->group - g0 : most;
+
+		if (a->isa == KVA_ISA_AVX512)
+			chunk_avx512(p, pf, len, q + vec * g0, n, a->dt, g0 == 0,
+				     a->sink[thread % a->threads]);
+		else
+			chunk_avx2(p, pf, len, q + vec * g0, n, a->dt, g0 == 0,
+				   a->sink[thread % a->threads]);
+	}
 }

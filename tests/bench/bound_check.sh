@@ -3,6 +3,9 @@
 # median of the trials' own ratios to their bounds: a positive number on
 # the scalar path and on the best one this CPU has, and, with one trial,
 # the same figure as "bound_ratio" (one trial's ratio is its own median).
+# And the plain loop's peer, "arith_stream_gbps": a positive number on the
+# best path, null on the scalar one (no roofline there), and with one trial
+# "arith_stream_ratio_paired" is "arith_stream_ratio".
 set -u
 bench=$1
 field() { printf '%s\n' "$2" | grep -o "\"$1\":[^,}]*" | cut -d: -f2; }
@@ -16,10 +19,25 @@ for isa in scalar auto; do
 			echo "bound_check: \"bound_ratio_paired\" is '$paired', not a ratio: $out"
 			exit 1
 		fi
+		stream=$(field arith_stream_gbps "$out")
+		sratio=$(field arith_stream_ratio "$out")
+		spaired=$(field arith_stream_ratio_paired "$out")
+		if [ "$isa" = scalar ]; then
+			if [ "$stream" != null ] || [ "$spaired" != null ]; then
+				echo "bound_check: the scalar path has no roofline, yet \"arith_stream_gbps\" is '$stream': $out"
+				exit 1
+			fi
+		elif ! printf '%s\n' "$stream $spaired" | awk '$1 ~ /^[0-9]+(\.[0-9]+)?$/ && $1 > 0 && $2 ~ /^[0-9]+(\.[0-9]+)?$/ && $2 > 0 { ok = 1 } END { exit !ok }'; then
+			echo "bound_check: \"arith_stream_gbps\" '$stream' or its paired ratio '$spaired' is not a positive number: $out"
+			exit 1
+		elif [ "$trials" = 1 ] && [ "$spaired" != "$sratio" ]; then
+			echo "bound_check: one trial, yet \"arith_stream_ratio_paired\" $spaired is not \"arith_stream_ratio\" $sratio: $out"
+			exit 1
+		fi
 		if [ "$trials" = 1 ] && [ "$paired" != "$ratio" ]; then
 			echo "bound_check: one trial, yet \"bound_ratio_paired\" $paired is not \"bound_ratio\" $ratio: $out"
 			exit 1
 		fi
 	done
 done
-echo "bound_check: bound_ratio_paired a ratio on both paths, bound_ratio's own with one trial"
+echo "bound_check: bound_ratio_paired a ratio on both paths, bound_ratio's own with one trial; arith_stream_gbps on the best path only"
