@@ -56,7 +56,7 @@
  * instance. The accumulators go to @sink, so that none of it is dead code.
  */
 #define PASS_BODY(VEC, LOAD, ZERO, FMA, ADD, STORE, LOADQ)                                       \
-	const size_t step = VEC * kva_dtype_size(dt);                                             \
+	const size_t step = VEC * elem_bytes(dt);                                                  \
 	__typeof__(ZERO) a[S * G];                                                                \
                                                                                                   \
 	for (int k = 0; k < S * G; k++)                                                           \
@@ -76,6 +76,13 @@
 	STORE(sink, a[0])
 
 #define AI __attribute__((always_inline)) static inline
+
+/* an element's bytes, a constant in each instance (kva_dtype_size() is the
+ * library's, out of line: a step the compiler cannot see) */
+AI size_t elem_bytes(const enum kva_dtype dt)
+{
+	return dt == KVA_F32 ? 4 : dt == KVA_F16 || dt == KVA_BF16 ? 2 : 1;
+}
 
 KVA__TARGET_AVX2 AI void pass_avx2_t(const char *buf, const float *q, unsigned passes, float *sink,
 				const enum kva_dtype dt, const int G, const int S)
@@ -152,56 +159,96 @@ KVA__TARGET_AVX512 __attribute__((noinline)) static void pass_avx512(const char 
 }
 
 /*
+ * prefetcht1 of @p's line as an asm of an address, with no memory operand:
+ * with _mm_prefetch (which gcc counts as a read of memory it cannot place)
+ * the loop below kept its accumulators in registers but stored the whole
+ * array every turn as well, and read the roofline's f16 group 8 at a third
+ * of its rate from L2.
+ */
+AI void prefetch_t1(const char *p)
+{
+	__asm__ volatile("prefetcht1 (%0)" : : "r"(p));
+}
+
+/*
+ * The lines of @pf that bytes [o, o + span) of a chunk start, asked for
+ * (span a constant in each instance: no loop, no division). A span of 64
+ * bytes or more starts a line at each 64 from o (and at most one more, the
+ * line its last byte falls in, where o is not a line's start); a shorter
+ * one starts the line of its last byte if that is not o - 1's.
+ */
+AI void prefetch_span(const char *pf, size_t o, const size_t span)
+{
+	if (span >= 64) {
+		for (size_t l = 0; l < span; l += 64) /* constant bounds: unrolled */
+			prefetch_t1(pf + o + l);
+		if (span % 64)
+			prefetch_t1(pf + o + span - 1);
+	} else if (64 % span == 0) {
+		if (!(o & 63))
+			prefetch_t1(pf + o);
+	} else if (!o || (o + span - 1) >> 6 != (o - 1) >> 6) {
+		prefetch_t1(pf + o + span - 1);
+	}
+}
+
+/*
  * The same arithmetic over memory (bench_arith_chunk, for bench_readbw's
  * pattern BENCH_READ_4K_ARITH): @len bytes at @buf, each vector converted
  * once and multiplied into its G accumulators as PASS_BODY does, and, with
- * PF, a prefetcht1 for the line of @pf at each offset as the vector there
- * is read (the lines a distance ahead, spread over the reads as the tiles
- * and BENCH_READ_4K_PF spread them). Where S vectors are less than a line,
- * U turns of them make one, so that a line is asked for once; a last part
- * that is not a whole turn, a vector at a time.
+ * PF, a prefetcht1 for each line of @pf at the offsets read as they are
+ * first read (the lines a distance ahead, spread over the reads as the
+ * tiles and BENCH_READ_4K_PF spread them): S vectors of a line or more ask
+ * for each line they start; fewer, for the line their last byte starts, if
+ * any (at most one). Whole turns of S vectors only: the caller gives what
+ * is left past them to an instance of one vector a turn. The loops over S,
+ * G and S x G are unrolled whole (S x G <= 16).
  */
 #define CHUNK_BODY(VEC, LOAD, ZERO, FMA, ADD, STORE, LOADQ)                                      \
-	const size_t step = VEC * kva_dtype_size(dt), span = S * step;                            \
-	const size_t U = span >= 64 || 64 % span ? 1 : 64 / span;                                \
+	const size_t step = VEC * elem_bytes(dt), span = S * step;                            \
 	const char *p = buf, *const end = buf + len;                                              \
 	__typeof__(ZERO) a[S * G];                                                                \
                                                                                                   \
+	_Pragma("GCC unroll 16")                                                                  \
 	for (int k = 0; k < S * G; k++)                                                           \
 		a[k] = ZERO;                                                                      \
-	for (; p + U * span <= end; p += U * span) {                                             \
-		for (size_t l = 0; PF && l < U * span; l += 64)                                   \
-			_mm_prefetch(pf + (p - buf) + l, _MM_HINT_T1);                            \
+	for (; p + span <= end; p += span) {                                                      \
+		const size_t o = (size_t)(p - buf);                                               \
+                                                                                                  \
+		if (PF)                                                                           \
+			prefetch_span(pf, o, span);                                               \
 		_Pragma("GCC unroll 16")                                                          \
-		for (size_t u = 0; u < U; u++)                                                    \
+		for (int v = 0; v < S; v++) {                                                     \
+			__typeof__(ZERO) x = LOAD(p + v * step, dt);                              \
+                                                                                                  \
 			_Pragma("GCC unroll 16")                                                  \
-			for (int v = 0; v < S; v++) {                                             \
-				__typeof__(ZERO) x = LOAD(p + u * span + v * step, dt);           \
-                                                                                                  \
-				_Pragma("GCC unroll 16")                                          \
-				for (int g = 0; g < G; g++)                                       \
-					a[v * G + g] = FMA(x, LOADQ(q + VEC * g), a[v * G + g]);  \
-			}                                                                         \
+			for (int g = 0; g < G; g++)                                               \
+				a[v * G + g] = FMA(x, LOADQ(q + VEC * g), a[v * G + g]);          \
+		}                                                                                 \
 	}                                                                                         \
-	for (; p + step <= end; p += step) {                                                      \
-		__typeof__(ZERO) x = LOAD(p, dt);                                                 \
-                                                                                                  \
-		if (PF && !((p - buf) & 63))                                                      \
-			_mm_prefetch(pf + (p - buf), _MM_HINT_T1);                                \
-		_Pragma("GCC unroll 16")                                                          \
-		for (int g = 0; g < G; g++)                                                       \
-			a[g] = FMA(x, LOADQ(q + VEC * g), a[g]);                                  \
-	}                                                                                         \
+	_Pragma("GCC unroll 16")                                                                  \
 	for (int k = 1; k < S * G; k++)                                                           \
 		a[0] = ADD(a[0], a[k]);                                                           \
 	STORE(sink, a[0])
 
-KVA__TARGET_AVX2 AI void chunk_avx2_t(const char *buf, const char *pf, size_t len, const float *q,
+KVA__TARGET_AVX2 AI void chunk_avx2_s(const char *buf, const char *pf, size_t len, const float *q,
 				      float *sink, const enum kva_dtype dt, const int G, const int S,
 				      const bool PF)
 {
 	CHUNK_BODY(8, kva__load8, _mm256_setzero_ps(), _mm256_fmadd_ps, _mm256_add_ps,
 		   _mm256_storeu_ps, _mm256_loadu_ps);
+}
+
+/* whole turns of S vectors, then what is left a vector at a time */
+KVA__TARGET_AVX2 AI void chunk_avx2_t(const char *buf, const char *pf, size_t len, const float *q,
+				      float *sink, const enum kva_dtype dt, const int G, const int S,
+				      const bool PF)
+{
+	const size_t span = (size_t)S * 8 * elem_bytes(dt), whole = len - len % span;
+
+	chunk_avx2_s(buf, pf, whole, q, sink, dt, G, S, PF);
+	if (S > 1 && whole < len)
+		chunk_avx2_s(buf + whole, pf + whole, len - whole, q, sink + 8, dt, G, 1, PF);
 }
 
 /* PASS_BODY's shapes (pass_avx2_g) */
@@ -240,12 +287,24 @@ chunk_avx2(const char *buf, const char *pf, size_t len, const float *q, unsigned
 #undef CHUNK_DT
 }
 
-KVA__TARGET_AVX512 AI void chunk_avx512_t(const char *buf, const char *pf, size_t len,
+KVA__TARGET_AVX512 AI void chunk_avx512_s(const char *buf, const char *pf, size_t len,
 					  const float *q, float *sink, const enum kva_dtype dt,
 					  const int G, const int S, const bool PF)
 {
 	CHUNK_BODY(16, kva__load16, _mm512_setzero_ps(), _mm512_fmadd_ps, _mm512_add_ps,
 		   _mm512_storeu_ps, _mm512_loadu_ps);
+}
+
+/* whole turns of S vectors, then what is left a vector at a time */
+KVA__TARGET_AVX512 AI void chunk_avx512_t(const char *buf, const char *pf, size_t len,
+					  const float *q, float *sink, const enum kva_dtype dt,
+					  const int G, const int S, const bool PF)
+{
+	const size_t span = (size_t)S * 16 * elem_bytes(dt), whole = len - len % span;
+
+	chunk_avx512_s(buf, pf, whole, q, sink, dt, G, S, PF);
+	if (S > 1 && whole < len)
+		chunk_avx512_s(buf + whole, pf + whole, len - whole, q, sink + 16, dt, G, 1, PF);
 }
 
 /* PASS_BODY's shapes (pass_avx512_g) */
@@ -501,7 +560,7 @@ struct bench_arith {
 	enum kva_dtype dt;
 	unsigned group, threads;
 	float *q;                    /* 16 x group floats a thread, on lines of their own */
-	float (*sink)[16];           /* a thread's accumulators: the work is used */
+	float (*sink)[32];           /* a thread's sums, two vectors: the work is used */
 };
 
 int bench_arith_open(enum kva_isa isa, enum kva_dtype dt, unsigned group, unsigned threads,
