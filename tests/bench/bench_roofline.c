@@ -27,6 +27,12 @@
  * Its own threads and loop, like bench_readbw.c; only the conversions are
  * the tiles', so that a cheaper conversion in the tiles moves the bound
  * with them.
+ *
+ * The same arithmetic over memory (bench_arith_chunk): the loop's shapes
+ * run over each 4 KiB chunk bench_readbw's prefetched order hands them,
+ * asking for the lines ahead as they read. Not a bound but a peer: what a
+ * kernel with the decode's FMAs and conversions and nothing else gets
+ * where reads and arithmetic must overlap (`arith_stream_gbps`).
  */
 #include <errno.h>
 #include <immintrin.h>
