@@ -45,6 +45,7 @@
 
 #include "bench.h"
 #include "bench_roofline.h"
+#include "kernels_pvt.h" /* kva__esize */
 #include "load_x86.h"
 
 #define BUF_BYTES (16u << 10) /* in L1 on any x86 core */
@@ -62,7 +63,7 @@
  * instance. The accumulators go to @sink, so that none of it is dead code.
  */
 #define PASS_BODY(VEC, LOAD, ZERO, FMA, ADD, STORE, LOADQ)                                       \
-	const size_t step = VEC * elem_bytes(dt);                                                  \
+	const size_t step = VEC * kva__esize(dt);                                                  \
 	__typeof__(ZERO) a[S * G];                                                                \
                                                                                                   \
 	for (int k = 0; k < S * G; k++)                                                           \
@@ -83,11 +84,55 @@
 
 #define AI __attribute__((always_inline)) static inline
 
-/* an element's bytes, a constant in each instance (kva_dtype_size() is the
- * library's, out of line: a step the compiler cannot see) */
-AI size_t elem_bytes(const enum kva_dtype dt)
+/*
+ * Each group's shape, the roofline's and the plain loop's: CALL(G, S) with
+ * both constants. 16 ymm registers: S x G + G + 1 <= 16 (past G = 5, fewer
+ * than 8 chains); 32 zmm: S x G + G + 1 <= 32. Past the largest G a group
+ * is run in parts (part_heads).
+ */
+#define SHAPES_AVX2(G, CALL)                                                                      \
+	switch (G) {                                                                              \
+	case 1: CALL(1, 12); break;                                                               \
+	case 2: CALL(2, 6); break;                                                                \
+	case 3: CALL(3, 4); break;                                                                \
+	case 4: CALL(4, 2); break;                                                                \
+	case 5: CALL(5, 2); break;                                                                \
+	case 6: CALL(6, 1); break;                                                                \
+	case 7: CALL(7, 1); break;                                                                \
+	default: CALL(8, 1); break;                                                               \
+	}
+#define SHAPES_AVX512(G, CALL)                                                                    \
+	switch (G) {                                                                              \
+	case 1: CALL(1, 12); break;                                                               \
+	case 2: CALL(2, 6); break;                                                                \
+	case 3: CALL(3, 4); break;                                                                \
+	case 4: CALL(4, 3); break;                                                                \
+	case 5: CALL(5, 3); break;                                                                \
+	case 6: CALL(6, 2); break;                                                                \
+	case 7: CALL(7, 2); break;                                                                \
+	case 8: CALL(8, 2); break;                                                                \
+	case 9: case 10: case 11: case 12: CALL(12, 1); break;                                    \
+	default: CALL(15, 1); break;                                                              \
+	}
+/* the dtype a constant in each instance: CALL(D) */
+#define DTYPES(dt, CALL)                                                                          \
+	switch (dt) {                                                                             \
+	case KVA_F16: CALL(KVA_F16); break;                                                       \
+	case KVA_BF16: CALL(KVA_BF16); break;                                                     \
+	case KVA_FP8_E4M3: CALL(KVA_FP8_E4M3); break;                                             \
+	case KVA_INT8: CALL(KVA_INT8); break;                                                     \
+	default: CALL(KVA_F32); break;                                                            \
+	}
+
+/* the most query heads one instance takes, and a vector's lanes */
+static unsigned part_heads(enum kva_isa isa)
 {
-	return dt == KVA_F32 ? 4 : dt == KVA_F16 || dt == KVA_BF16 ? 2 : 1;
+	return isa == KVA_ISA_AVX512 ? 15 : 8;
+}
+
+static unsigned lanes(enum kva_isa isa)
+{
+	return isa == KVA_ISA_AVX512 ? 16 : 8;
 }
 
 KVA__TARGET_AVX2 AI void pass_avx2_t(const char *buf, const float *q, unsigned passes, float *sink,
@@ -97,33 +142,21 @@ KVA__TARGET_AVX2 AI void pass_avx2_t(const char *buf, const float *q, unsigned p
 		  _mm256_loadu_ps);
 }
 
-/* 16 ymm registers: S x G + G + 1 <= 16 (past G = 5, fewer than 8 chains) */
 KVA__TARGET_AVX2 AI void pass_avx2_g(const char *buf, const float *q, unsigned passes, float *sink,
 				const enum kva_dtype dt, unsigned G)
 {
-	switch (G) {
-	case 1: pass_avx2_t(buf, q, passes, sink, dt, 1, 12); break;
-	case 2: pass_avx2_t(buf, q, passes, sink, dt, 2, 6); break;
-	case 3: pass_avx2_t(buf, q, passes, sink, dt, 3, 4); break;
-	case 4: pass_avx2_t(buf, q, passes, sink, dt, 4, 2); break;
-	case 5: pass_avx2_t(buf, q, passes, sink, dt, 5, 2); break;
-	case 6: pass_avx2_t(buf, q, passes, sink, dt, 6, 1); break;
-	case 7: pass_avx2_t(buf, q, passes, sink, dt, 7, 1); break;
-	default: pass_avx2_t(buf, q, passes, sink, dt, 8, 1); break;
-	}
+#define ONE(g, s) pass_avx2_t(buf, q, passes, sink, dt, g, s)
+	SHAPES_AVX2(G, ONE)
+#undef ONE
 }
 
 KVA__TARGET_AVX2 __attribute__((noinline)) static void pass_avx2(const char *buf, const float *q,
 							    unsigned G, enum kva_dtype dt,
 							    unsigned passes, float *sink)
 {
-	switch (dt) {
-	case KVA_F16: pass_avx2_g(buf, q, passes, sink, KVA_F16, G); break;
-	case KVA_BF16: pass_avx2_g(buf, q, passes, sink, KVA_BF16, G); break;
-	case KVA_FP8_E4M3: pass_avx2_g(buf, q, passes, sink, KVA_FP8_E4M3, G); break;
-	case KVA_INT8: pass_avx2_g(buf, q, passes, sink, KVA_INT8, G); break;
-	default: pass_avx2_g(buf, q, passes, sink, KVA_F32, G); break;
-	}
+#define ONE(d) pass_avx2_g(buf, q, passes, sink, d, G)
+	DTYPES(dt, ONE)
+#undef ONE
 }
 
 KVA__TARGET_AVX512 AI void pass_avx512_t(const char *buf, const float *q, unsigned passes,
@@ -133,35 +166,21 @@ KVA__TARGET_AVX512 AI void pass_avx512_t(const char *buf, const float *q, unsign
 		  _mm512_storeu_ps, _mm512_loadu_ps);
 }
 
-/* 32 zmm registers: S x G + G + 1 <= 32 */
 KVA__TARGET_AVX512 AI void pass_avx512_g(const char *buf, const float *q, unsigned passes,
 				    float *sink, const enum kva_dtype dt, unsigned G)
 {
-	switch (G) {
-	case 1: pass_avx512_t(buf, q, passes, sink, dt, 1, 12); break;
-	case 2: pass_avx512_t(buf, q, passes, sink, dt, 2, 6); break;
-	case 3: pass_avx512_t(buf, q, passes, sink, dt, 3, 4); break;
-	case 4: pass_avx512_t(buf, q, passes, sink, dt, 4, 3); break;
-	case 5: pass_avx512_t(buf, q, passes, sink, dt, 5, 3); break;
-	case 6: pass_avx512_t(buf, q, passes, sink, dt, 6, 2); break;
-	case 7: pass_avx512_t(buf, q, passes, sink, dt, 7, 2); break;
-	case 8: pass_avx512_t(buf, q, passes, sink, dt, 8, 2); break;
-	case 9: case 10: case 11: case 12: pass_avx512_t(buf, q, passes, sink, dt, 12, 1); break;
-	default: pass_avx512_t(buf, q, passes, sink, dt, 15, 1); break;
-	}
+#define ONE(g, s) pass_avx512_t(buf, q, passes, sink, dt, g, s)
+	SHAPES_AVX512(G, ONE)
+#undef ONE
 }
 
 KVA__TARGET_AVX512 __attribute__((noinline)) static void pass_avx512(const char *buf, const float *q,
 								unsigned G, enum kva_dtype dt,
 								unsigned passes, float *sink)
 {
-	switch (dt) {
-	case KVA_F16: pass_avx512_g(buf, q, passes, sink, KVA_F16, G); break;
-	case KVA_BF16: pass_avx512_g(buf, q, passes, sink, KVA_BF16, G); break;
-	case KVA_FP8_E4M3: pass_avx512_g(buf, q, passes, sink, KVA_FP8_E4M3, G); break;
-	case KVA_INT8: pass_avx512_g(buf, q, passes, sink, KVA_INT8, G); break;
-	default: pass_avx512_g(buf, q, passes, sink, KVA_F32, G); break;
-	}
+#define ONE(d) pass_avx512_g(buf, q, passes, sink, d, G)
+	DTYPES(dt, ONE)
+#undef ONE
 }
 
 /*
@@ -211,7 +230,7 @@ AI void prefetch_span(const char *pf, size_t o, const size_t span)
  * G and S x G are unrolled whole (S x G <= 16).
  */
 #define CHUNK_BODY(VEC, LOAD, ZERO, FMA, ADD, STORE, LOADQ)                                      \
-	const size_t step = VEC * elem_bytes(dt), span = S * step;                            \
+	const size_t step = VEC * kva__esize(dt), span = S * step;                            \
 	const char *p = buf, *const end = buf + len;                                              \
 	__typeof__(ZERO) a[S * G];                                                                \
                                                                                                   \
@@ -250,47 +269,35 @@ KVA__TARGET_AVX2 AI void chunk_avx2_t(const char *buf, const char *pf, size_t le
 				      float *sink, const enum kva_dtype dt, const int G, const int S,
 				      const bool PF)
 {
-	const size_t span = (size_t)S * 8 * elem_bytes(dt), whole = len - len % span;
+	const size_t span = (size_t)S * 8 * kva__esize(dt), whole = len - len % span;
 
 	chunk_avx2_s(buf, pf, whole, q, sink, dt, G, S, PF);
 	if (S > 1 && whole < len)
 		chunk_avx2_s(buf + whole, pf + whole, len - whole, q, sink + 8, dt, G, 1, PF);
 }
 
-/* PASS_BODY's shapes (pass_avx2_g) */
 KVA__TARGET_AVX2 AI void chunk_avx2_g(const char *buf, const char *pf, size_t len, const float *q,
 				      float *sink, const enum kva_dtype dt, unsigned G,
 				      const bool PF)
 {
-	switch (G) {
-	case 1: chunk_avx2_t(buf, pf, len, q, sink, dt, 1, 12, PF); break;
-	case 2: chunk_avx2_t(buf, pf, len, q, sink, dt, 2, 6, PF); break;
-	case 3: chunk_avx2_t(buf, pf, len, q, sink, dt, 3, 4, PF); break;
-	case 4: chunk_avx2_t(buf, pf, len, q, sink, dt, 4, 2, PF); break;
-	case 5: chunk_avx2_t(buf, pf, len, q, sink, dt, 5, 2, PF); break;
-	case 6: chunk_avx2_t(buf, pf, len, q, sink, dt, 6, 1, PF); break;
-	case 7: chunk_avx2_t(buf, pf, len, q, sink, dt, 7, 1, PF); break;
-	default: chunk_avx2_t(buf, pf, len, q, sink, dt, 8, 1, PF); break;
-	}
+#define ONE(g, s) chunk_avx2_t(buf, pf, len, q, sink, dt, g, s, PF)
+	SHAPES_AVX2(G, ONE)
+#undef ONE
 }
 
 KVA__TARGET_AVX2 __attribute__((noinline)) static void
 chunk_avx2(const char *buf, const char *pf, size_t len, const float *q, unsigned G,
 	   enum kva_dtype dt, bool prefetch, float *sink)
 {
-#define CHUNK_DT(PF)                                                                              \
-	switch (dt) {                                                                             \
-	case KVA_F16: chunk_avx2_g(buf, pf, len, q, sink, KVA_F16, G, PF); break;                 \
-	case KVA_BF16: chunk_avx2_g(buf, pf, len, q, sink, KVA_BF16, G, PF); break;               \
-	case KVA_FP8_E4M3: chunk_avx2_g(buf, pf, len, q, sink, KVA_FP8_E4M3, G, PF); break;       \
-	case KVA_INT8: chunk_avx2_g(buf, pf, len, q, sink, KVA_INT8, G, PF); break;               \
-	default: chunk_avx2_g(buf, pf, len, q, sink, KVA_F32, G, PF); break;                      \
-	}
+	/* PF a constant in each instance: the loop asks for nothing without it */
+#define WITH(d) chunk_avx2_g(buf, pf, len, q, sink, d, G, true)
+#define WITHOUT(d) chunk_avx2_g(buf, pf, len, q, sink, d, G, false)
 	if (prefetch)
-		CHUNK_DT(true)
+		DTYPES(dt, WITH)
 	else
-		CHUNK_DT(false)
-#undef CHUNK_DT
+		DTYPES(dt, WITHOUT)
+#undef WITH
+#undef WITHOUT
 }
 
 KVA__TARGET_AVX512 AI void chunk_avx512_s(const char *buf, const char *pf, size_t len,
@@ -306,49 +313,35 @@ KVA__TARGET_AVX512 AI void chunk_avx512_t(const char *buf, const char *pf, size_
 					  const float *q, float *sink, const enum kva_dtype dt,
 					  const int G, const int S, const bool PF)
 {
-	const size_t span = (size_t)S * 16 * elem_bytes(dt), whole = len - len % span;
+	const size_t span = (size_t)S * 16 * kva__esize(dt), whole = len - len % span;
 
 	chunk_avx512_s(buf, pf, whole, q, sink, dt, G, S, PF);
 	if (S > 1 && whole < len)
 		chunk_avx512_s(buf + whole, pf + whole, len - whole, q, sink + 16, dt, G, 1, PF);
 }
 
-/* PASS_BODY's shapes (pass_avx512_g) */
 KVA__TARGET_AVX512 AI void chunk_avx512_g(const char *buf, const char *pf, size_t len,
 					  const float *q, float *sink, const enum kva_dtype dt,
 					  unsigned G, const bool PF)
 {
-	switch (G) {
-	case 1: chunk_avx512_t(buf, pf, len, q, sink, dt, 1, 12, PF); break;
-	case 2: chunk_avx512_t(buf, pf, len, q, sink, dt, 2, 6, PF); break;
-	case 3: chunk_avx512_t(buf, pf, len, q, sink, dt, 3, 4, PF); break;
-	case 4: chunk_avx512_t(buf, pf, len, q, sink, dt, 4, 3, PF); break;
-	case 5: chunk_avx512_t(buf, pf, len, q, sink, dt, 5, 3, PF); break;
-	case 6: chunk_avx512_t(buf, pf, len, q, sink, dt, 6, 2, PF); break;
-	case 7: chunk_avx512_t(buf, pf, len, q, sink, dt, 7, 2, PF); break;
-	case 8: chunk_avx512_t(buf, pf, len, q, sink, dt, 8, 2, PF); break;
-	case 9: case 10: case 11: case 12: chunk_avx512_t(buf, pf, len, q, sink, dt, 12, 1, PF); break;
-	default: chunk_avx512_t(buf, pf, len, q, sink, dt, 15, 1, PF); break;
-	}
+#define ONE(g, s) chunk_avx512_t(buf, pf, len, q, sink, dt, g, s, PF)
+	SHAPES_AVX512(G, ONE)
+#undef ONE
 }
 
 KVA__TARGET_AVX512 __attribute__((noinline)) static void
 chunk_avx512(const char *buf, const char *pf, size_t len, const float *q, unsigned G,
 	     enum kva_dtype dt, bool prefetch, float *sink)
 {
-#define CHUNK_DT(PF)                                                                              \
-	switch (dt) {                                                                             \
-	case KVA_F16: chunk_avx512_g(buf, pf, len, q, sink, KVA_F16, G, PF); break;               \
-	case KVA_BF16: chunk_avx512_g(buf, pf, len, q, sink, KVA_BF16, G, PF); break;             \
-	case KVA_FP8_E4M3: chunk_avx512_g(buf, pf, len, q, sink, KVA_FP8_E4M3, G, PF); break;     \
-	case KVA_INT8: chunk_avx512_g(buf, pf, len, q, sink, KVA_INT8, G, PF); break;             \
-	default: chunk_avx512_g(buf, pf, len, q, sink, KVA_F32, G, PF); break;                    \
-	}
+	/* PF a constant in each instance: the loop asks for nothing without it */
+#define WITH(d) chunk_avx512_g(buf, pf, len, q, sink, d, G, true)
+#define WITHOUT(d) chunk_avx512_g(buf, pf, len, q, sink, d, G, false)
 	if (prefetch)
-		CHUNK_DT(true)
+		DTYPES(dt, WITH)
 	else
-		CHUNK_DT(false)
-#undef CHUNK_DT
+		DTYPES(dt, WITHOUT)
+#undef WITH
+#undef WITHOUT
 }
 
 struct job {
@@ -401,8 +394,7 @@ static void run_one(struct job *j, unsigned index)
 	if (q && go > 0) {
 		/* a group beyond what the registers hold, in parts that each
 		 * convert the element again, as a kernel would */
-		const unsigned most = j->isa == KVA_ISA_AVX512 ? 15 : 8;
-		const unsigned vec = j->isa == KVA_ISA_AVX512 ? 16 : 8;
+		const unsigned most = part_heads(j->isa), vec = lanes(j->isa);
 
 		for (unsigned g0 = 0; g0 < j->group; g0 += most) {
 			unsigned n = j->group - g0 < most ? j->group - g0 : most;
@@ -565,7 +557,8 @@ struct bench_arith {
 	enum kva_isa isa;
 	enum kva_dtype dt;
 	unsigned group, threads;
-	float *q;                    /* 16 x group floats a thread, on lines of their own */
+	float *q;                    /* 16 x group floats a thread, on lines of their own, */
+	size_t q_stride;             /* this many floats apart */
 	float (*sink)[32];           /* a thread's sums, two vectors: the work is used */
 };
 
@@ -581,6 +574,7 @@ int bench_arith_open(enum kva_isa isa, enum kva_dtype dt, unsigned group, unsign
 	if (!(a = calloc(1, sizeof(*a))))
 		return -ENOMEM;
 	per = ((size_t)16 * group * sizeof(float) + 63) / 64 * 64; /* a thread's q, whole lines */
+	a->q_stride = per / sizeof(float);
 	a->q = aligned_alloc(64, per * threads);
 	a->sink = aligned_alloc(64, sizeof(*a->sink) * threads);
 	if (!a->q || !a->sink) {
@@ -594,7 +588,7 @@ int bench_arith_open(enum kva_isa isa, enum kva_dtype dt, unsigned group, unsign
 	/* as run_one()'s */
 	for (unsigned t = 0; t < threads; t++)
 		for (unsigned g = 0; g < 16 * group; g++)
-			a->q[per / sizeof(float) * t + g] = 1.0f / (float)(g + 1);
+			a->q[a->q_stride * t + g] = 1.0f / (float)(g + 1);
 	*out = a;
 	return 0;
 }
@@ -611,10 +605,8 @@ void bench_arith_close(struct bench_arith *a)
 void bench_arith_chunk(void *ctx, unsigned thread, const char *p, const char *pf, size_t len)
 {
 	struct bench_arith *a = ctx;
-	const size_t per = ((size_t)16 * a->group * sizeof(float) + 63) / 64 * 64;
-	const float *q = a->q + per / sizeof(float) * (thread % a->threads);
-	const unsigned most = a->isa == KVA_ISA_AVX512 ? 15 : 8;
-	const unsigned vec = a->isa == KVA_ISA_AVX512 ? 16 : 8;
+	const float *q = a->q + a->q_stride * (thread % a->threads);
+	const unsigned most = part_heads(a->isa), vec = lanes(a->isa);
 
 	/* a group beyond the registers in parts, as run_one()'s: the first
 	 * asks for the lines ahead, the others read the chunk again from L1 */
