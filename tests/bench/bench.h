@@ -215,7 +215,7 @@ int bench_parse_double(const char *s, double lo, double hi, double *out);
  * are the program's own constants and need no escaping.
  */
 struct bench_line {
-	char buf[1024];
+	char buf[2048];
 	size_t len;
 	bool overflow;
 };
@@ -348,6 +348,7 @@ enum bench_read_pattern {
 	BENCH_READ_64K = 2,   /* 64 KiB chunks likewise */
 	BENCH_READ_4K_PF = 3, /* BENCH_READ_4K prefetched: bench_readbw_run_prefetched() */
 	BENCH_READ_4K_ARITH = 4, /* the same read by a caller's function: bench_readbw_run_over() */
+	BENCH_READ_SWEEP_ARITH = 5, /* BENCH_READ_SWEEP's shares by a caller's function, likewise */
 };
 
 /* A buffer of random bytes (each 16 bits a finite, normal number in every
@@ -394,12 +395,15 @@ int bench_readbw_run_prefetched(struct bench_readbw *r, size_t bytes, size_t dis
  * first prefetches and distance, but each whole chunk read by @fn rather
  * than summed: fn(@ctx, thread, chunk, the chunk @distance ahead in the
  * share (or the chunk itself past the share's end), 4096), on thread
- * [0, @threads). @fn asks for the lines ahead itself, as it reads.
+ * [0, @threads). @fn asks for the lines ahead itself, as it reads. With
+ * @contiguous, the chunks in address order instead, each thread's share
+ * one contiguous run of them as BENCH_READ_SWEEP's (no paging: what the
+ * hardware prefetchers see at their best).
  * Return: 0, -EINVAL, -ENOMEM.
  */
 typedef void (*bench_chunk_fn)(void *ctx, unsigned thread, const char *p, const char *pf,
 			       size_t len);
-int bench_readbw_run_over(struct bench_readbw *r, size_t bytes, size_t distance,
+int bench_readbw_run_over(struct bench_readbw *r, size_t bytes, size_t distance, bool contiguous,
 			  unsigned threads, unsigned reps, bench_chunk_fn fn, void *ctx,
 			  uint64_t *elapsed_ns);
 

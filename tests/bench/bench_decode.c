@@ -135,8 +135,20 @@
  *   arith_stream_ratio_paired  the median of the trials' own ratios (each
  *                      plain loop run right after its trial's decode)
  *   arith_stream_of_bound  arith_stream_gbps / bound_gbps: how near the
- *                      plain loop comes to min(ceiling, roofline) here (all
- *                      five null on the scalar path or under 4 KiB)
+ *                      plain loop comes to min(ceiling, roofline) here
+ *   arith_sweep_gbps   the same plain loop over the sweep's contiguous
+ *                      shares, in address order (no paging: the hardware
+ *                      prefetchers' best case; each 4 KiB asking for the
+ *                      lines 32 KiB ahead), right after the others: what
+ *                      the machine gives a loop with nothing between its
+ *                      arithmetic and the ceiling's own reads
+ *   arith_sweep_of_bound  arith_sweep_gbps / bound_gbps (these seven null
+ *                      on the scalar path or under 4 KiB)
+ *   serial_gbps        1 / (1 / ceiling_gbps + 1 / roofline_gbps): the
+ *                      rate if reading and arithmetic did not overlap at
+ *                      all, each at its own best; a plain loop near it (and
+ *                      not near bound_gbps) says this machine does not
+ *                      overlap the two (null on the scalar path)
  *   cache_resident     bytes < 2 x the last-level cache (sysfs index3):
  *                      the figures then say more about caches than memory;
  *                      null when sysfs does not tell the cache size
@@ -584,6 +596,7 @@ struct figures {
 	double roofline_gbps; /* NaN on the scalar path */
 	double stream_gbps, stream_distance; /* NaN on the scalar path or under 4 KiB */
 	double stream_ratio_paired;
+	double sweep_arith_gbps; /* NaN on the scalar path or under 4 KiB */
 	double bound_ratio_paired; /* the median of the trials' own ratios */
 	double naive_ms, naive_sampled, max_rel_err;
 	double other_cpus;
@@ -678,14 +691,16 @@ static int time_read(struct bench_readbw *rb, enum bench_read_pattern p, size_t 
 
 /*
  * The decode's arithmetic over @bytes read as BENCH_READ_4K_PF reads them
- * (bench_readbw_run_over, bench_arith_chunk), prefetched @distance ahead.
+ * (bench_readbw_run_over, bench_arith_chunk), prefetched @distance ahead;
+ * @contiguous, in the sweep's shares instead.
  */
 static int time_over(struct bench_readbw *rb, struct bench_arith *a, size_t distance,
-		     const struct config *c, size_t bytes, unsigned reps, double *ns)
+		     bool contiguous, const struct config *c, size_t bytes, unsigned reps,
+		     double *ns)
 {
 	uint64_t el;
-	int ret = bench_readbw_run_over(rb, bytes, distance, c->threads, reps, bench_arith_chunk, a,
-					&el);
+	int ret = bench_readbw_run_over(rb, bytes, distance, contiguous, c->threads, reps,
+					bench_arith_chunk, a, &el);
 
 	if (ret < 0)
 		fprintf(stderr, "decode: the arithmetic over memory: %s\n", strerror(-ret));
@@ -696,6 +711,9 @@ static int time_over(struct bench_readbw *rb, struct bench_arith *a, size_t dist
 /* the prefetch distances of scatter4k_pf_gbps and stream_gbps, in bytes */
 static const size_t pf_distances[] = { 16u << 10, 32u << 10, 64u << 10, 128u << 10 };
 #define PF_DISTANCES (sizeof(pf_distances) / sizeof(pf_distances[0]))
+/* arith_sweep_gbps's: in address order the hardware prefetchers run ahead
+ * too, and the distance hardly matters (on Zen 5 the same at 4 to 32 KiB) */
+#define SWEEP_ARITH_DISTANCE (32u << 10)
 
 /* the naive decode on a sample of pairs: its time for the whole batch, and its error */
 static void measure_naive(const struct config *c, const struct kvcache *kc, struct batch *b,
@@ -777,7 +795,8 @@ static int measure(const struct config *c, const struct kvcache *kc, struct batc
 	double roof[BENCH_MAX_TRIALS], paired[BENCH_MAX_TRIALS];
 	double dec[BENCH_MAX_TRIALS], sweep[BENCH_MAX_TRIALS], s4k[BENCH_MAX_TRIALS],
 		s64k[BENCH_MAX_TRIALS], lat[BENCH_MAX_TRIALS], pfk[BENCH_MAX_TRIALS], once, unused;
-	double spf[PF_DISTANCES][BENCH_MAX_TRIALS], ovl[PF_DISTANCES][BENCH_MAX_TRIALS];
+	double spf[PF_DISTANCES][BENCH_MAX_TRIALS], ovl[PF_DISTANCES][BENCH_MAX_TRIALS],
+		ovs[BENCH_MAX_TRIALS];
 	struct bench_arith *arith = NULL;
 	const bool over = isa != KVA_ISA_SCALAR && b->bytes >= 4096;
 	unsigned npfk = 0;
@@ -796,7 +815,9 @@ static int measure(const struct config *c, const struct kvcache *kc, struct batc
 						 1, &unused)) < 0)
 		return ret;
 	if (over && ((ret = bench_arith_open(isa, c->dtype, c->group, c->threads, &arith)) < 0 ||
-		     (ret = time_over(rb, arith, pf_distances[0], c, b->bytes, 1, &unused)) < 0)) {
+		     (ret = time_over(rb, arith, pf_distances[0], false, c, b->bytes, 1, &unused)) < 0 ||
+		     (ret = time_over(rb, arith, SWEEP_ARITH_DISTANCE, true, c, b->bytes, 1,
+				      &unused)) < 0)) {
 		fprintf(stderr, "decode: the arithmetic over memory: %s\n", strerror(-ret));
 		bench_arith_close(arith);
 		return ret;
@@ -818,9 +839,12 @@ static int measure(const struct config *c, const struct kvcache *kc, struct batc
 			goto out;
 		/* right after the decode, each distance, for stream_ratio_paired */
 		for (unsigned d = 0; over && d < PF_DISTANCES; d++)
-			if ((ret = time_over(rb, arith, pf_distances[d], c, b->bytes, f->reps,
+			if ((ret = time_over(rb, arith, pf_distances[d], false, c, b->bytes, f->reps,
 					     &ovl[d][t])) < 0)
 				goto out;
+		if (over && (ret = time_over(rb, arith, SWEEP_ARITH_DISTANCE, true, c, b->bytes,
+					     f->reps, &ovs[t])) < 0)
+			goto out;
 		if ((ret = time_read(rb, BENCH_READ_SWEEP, 0, c, b->bytes, f->reps, &sweep[t])) < 0 ||
 		    (ret = time_read(rb, BENCH_READ_4K, 0, c, b->bytes, f->reps, &s4k[t])) < 0 ||
 		    (ret = time_read(rb, BENCH_READ_64K, 0, c, b->bytes, f->reps, &s64k[t])) < 0)
@@ -852,6 +876,8 @@ static int measure(const struct config *c, const struct kvcache *kc, struct batc
 	f->bound_ratio_paired = bench_median(paired, o->trials);
 	/* the distance whose median is fastest, and the trials' own ratios at it */
 	f->stream_gbps = f->stream_distance = f->stream_ratio_paired = NAN;
+	f->sweep_arith_gbps = over ? (double)(b->bytes / 4096 * 4096) / bench_median(ovs, o->trials)
+				   : NAN;
 	for (unsigned d = 0; over && d < PF_DISTANCES; d++) {
 		double own[BENCH_MAX_TRIALS], g;
 
@@ -983,6 +1009,10 @@ static int print_line(const struct config *c, const struct batch *b, const struc
 	bench_line_num(&l, "arith_stream_ratio_paired", f->stream_ratio_paired, 3);
 	bench_line_num(&l, "arith_stream_of_bound", isnan(f->roofline_gbps) ? NAN
 			: f->stream_gbps / fmin(f->ceiling_gbps, f->roofline_gbps), 3);
+	bench_line_num(&l, "arith_sweep_gbps", f->sweep_arith_gbps, 2);
+	bench_line_num(&l, "arith_sweep_of_bound", isnan(f->roofline_gbps) ? NAN
+			: f->sweep_arith_gbps / fmin(f->ceiling_gbps, f->roofline_gbps), 3);
+	bench_line_num(&l, "serial_gbps", 1.0 / (1.0 / f->ceiling_gbps + 1.0 / f->roofline_gbps), 2);
 	if (llc)
 		bench_line_bool(&l, "cache_resident", b->bytes < 2 * llc);
 	else
@@ -1069,11 +1099,12 @@ static int run_geometry(const struct decode_opts *o, const struct config *g,
 					 kva_arena_info(kc.arena));
 		if (ret == 0) {
 			fprintf(stderr, "decode: %-8s hd %3u b %2u ctx %5u g %u t %u: %9.3f ms "
-				"%6.2f GB/s of %6.2f (%.2f), prefetched 4k %6.2f, roofline %6.1f, plain loop %6.2f  latency %4.0f ns  prefetches kept %4.1f  naive x%.0f  "
+				"%6.2f GB/s of %6.2f (%.2f), prefetched 4k %6.2f, roofline %6.1f, plain loop %6.2f (contiguous %6.2f)  latency %4.0f ns  prefetches kept %4.1f  naive x%.0f  "
 				"err %.1e  others %.2f%s\n",
 				kva_dtype_name(c->dtype), c->head_dim, c->batch, c->context, c->group,
 				c->threads, f.ms, f.gbps, f.ceiling_gbps, f.gbps / f.ceiling_gbps,
-				f.scatter4k_pf_gbps, f.roofline_gbps, f.stream_gbps, f.latency_ns,
+				f.scatter4k_pf_gbps, f.roofline_gbps, f.stream_gbps, f.sweep_arith_gbps,
+				f.latency_ns,
 				f.prefetch_kept,
 				f.naive_ms / f.ms, f.max_rel_err, f.other_cpus,
 				f.max_rel_err <= MAX_ERR ? "" : "  WRONG");

@@ -21,7 +21,9 @@
  * layout's reads can be when they are prefetched, with nothing else to do.
  * And the same prefetched order read by a caller's function instead of
  * the sum (bench_readbw_run_over: the decode's arithmetic,
- * bench_roofline.c), to see what the reads and some work give together.
+ * bench_roofline.c), to see what the reads and some work give together;
+ * and by that function over the sweep's contiguous shares, in address order
+ * (no paging, the hardware prefetchers' best case).
  *
  * The buffer is anonymous memory on 4 KiB pages (no madvise for huge
  * pages), as the arena's shared memory is when the system has no hugetlb
@@ -167,8 +169,8 @@ struct job {
 	enum bench_read_pattern pattern;
 	size_t bytes;
 	unsigned threads, reps;
-	uint32_t ahead; /* BENCH_READ_4K_PF and _ARITH: chunks between a read and its prefetch */
-	bench_chunk_fn fn; /* BENCH_READ_4K_ARITH: what reads a chunk */
+	uint32_t ahead; /* BENCH_READ_4K_PF and the _ARITHs: chunks between a read and its prefetch */
+	bench_chunk_fn fn; /* the _ARITHs: what reads a chunk */
 	void *ctx;
 };
 
@@ -210,36 +212,40 @@ static uint64_t pass(struct bench_readbw *r, const struct job *j, unsigned t)
 			to = j->bytes;
 		return from < to ? r->sum(r->buf + from, to - from) : 0;
 	}
-	if (j->pattern == BENCH_READ_4K_PF || j->pattern == BENCH_READ_4K_ARITH) {
-		/* BENCH_READ_4K's order and share, its whole chunks only (a
-		 * last partial one is skipped: a multiple of 64 bytes is what
-		 * the readers prefetch for); the first chunks' lines asked for
-		 * before the first read, as a tile asks for its first block's
-		 * before it starts */
+	if (j->pattern == BENCH_READ_4K_PF || j->pattern == BENCH_READ_4K_ARITH ||
+	    j->pattern == BENCH_READ_SWEEP_ARITH) {
+		/* BENCH_READ_4K's order and share (or, contiguous, the chunks
+		 * in address order), its whole chunks only (a last partial one
+		 * is skipped: a multiple of 64 bytes is what the readers
+		 * prefetch for); the first chunks' lines asked for before the
+		 * first read, as a tile asks for its first block's before it
+		 * starts */
+		const bool contig = j->pattern == BENCH_READ_SWEEP_ARITH;
 		const uint32_t *order = r->order[BENCH_READ_4K], n = r->chunks[BENCH_READ_4K];
 		const uint32_t from = (uint32_t)((uint64_t)n * t / j->threads),
 			       to = (uint32_t)((uint64_t)n * (t + 1) / j->threads);
 		const uint32_t whole = (uint32_t)(j->bytes / 4096); /* chunks below it are whole */
+#define AT(i) (contig ? (i) : order[i])
 
 		for (uint32_t i = from; i < to && i < from + j->ahead; i++)
-			for (size_t l = 0; l < 4096 && order[i] < whole; l += 64)
-				_mm_prefetch(r->buf + (size_t)order[i] * 4096 + l, _MM_HINT_T1);
+			for (size_t l = 0; l < 4096 && AT(i) < whole; l += 64)
+				_mm_prefetch(r->buf + (size_t)AT(i) * 4096 + l, _MM_HINT_T1);
 		for (uint32_t i = from; i < to; i++) {
-			const char *p = r->buf + (size_t)order[i] * 4096;
+			const char *p = r->buf + (size_t)AT(i) * 4096;
 			/* past the share's end, or a partial chunk ahead: the
 			 * chunk being read (no line of anyone else's share, and
 			 * none past the bytes, is asked for) */
 			const uint32_t k = i + j->ahead;
-			const char *pf = k < to && order[k] < whole ? r->buf + (size_t)order[k] * 4096
-								    : p;
+			const char *pf = k < to && AT(k) < whole ? r->buf + (size_t)AT(k) * 4096 : p;
 
-			if (order[i] >= whole)
+			if (AT(i) >= whole)
 				continue;
-			if (j->pattern == BENCH_READ_4K_ARITH)
+			if (j->pattern != BENCH_READ_4K_PF)
 				j->fn(j->ctx, t, p, pf, 4096);
 			else
 				s += r->sum_pf(p, pf, 4096);
 		}
+#undef AT
 		return s;
 	}
 	size_t cb = chunk_bytes[j->pattern];
@@ -478,14 +484,16 @@ int bench_readbw_run_prefetched(struct bench_readbw *r, size_t bytes, size_t dis
 		       elapsed_ns);
 }
 
-int bench_readbw_run_over(struct bench_readbw *r, size_t bytes, size_t distance,
+int bench_readbw_run_over(struct bench_readbw *r, size_t bytes, size_t distance, bool contiguous,
 			  unsigned threads, unsigned reps, bench_chunk_fn fn, void *ctx,
 			  uint64_t *elapsed_ns)
 {
 	if (!r || bytes < 4096 || bytes > r->size || !distance || distance % 4096 || !threads ||
 	    threads > r->helpers + 1 || !reps || !fn || !elapsed_ns)
 		return -EINVAL;
-	return run_job(r, (struct job){ .pattern = BENCH_READ_4K_ARITH, .bytes = bytes,
+	return run_job(r, (struct job){ .pattern = contiguous ? BENCH_READ_SWEEP_ARITH
+							       : BENCH_READ_4K_ARITH,
+					 .bytes = bytes,
 					 .threads = threads, .reps = reps,
 					 .ahead = (uint32_t)(distance / 4096), .fn = fn, .ctx = ctx },
 		       elapsed_ns);
