@@ -70,18 +70,24 @@ bool kva__isa_supported(enum kva_isa isa)
 static _Atomic int split_known;  /* 0 unknown, 1 no, 2 yes */
 static _Atomic int split_forced; /* 0: the CPU's answer, 1 no, 2 yes */
 
-static bool cpu_splits_512(void)
+/* the family of an AMD CPU (0x19 Zen 3 and 4, 0x1a Zen 5); 0 for any other */
+static unsigned amd_family(void)
 {
 	unsigned a, b, c, d, family;
 
 	/* "AuthenticAMD" in EBX, EDX, ECX */
 	if (!__get_cpuid(0, &a, &b, &c, &d) || b != 0x68747541u || d != 0x69746e65u ||
 	    c != 0x444d4163u || !__get_cpuid(1, &a, &b, &c, &d))
-		return false;
+		return 0;
 	family = (a >> 8) & 0xfu;
 	if (family == 0xfu)
 		family += (a >> 20) & 0xffu;
-	return family == 0x19u;
+	return family;
+}
+
+static bool cpu_splits_512(void)
+{
+	return amd_family() == 0x19u;
 }
 
 bool kva__avx512_split(void)
@@ -101,6 +107,42 @@ bool kva__avx512_split(void)
 void kva__avx512_split_force(int split)
 {
 	atomic_store_explicit(&split_forced, split < 0 ? 0 : split ? 2 : 1, memory_order_relaxed);
+}
+
+/*
+ * Whether the AVX-512 tile's groups 1 and 2 (its dot products, decode.c)
+ * ask for their lines with prefetcht0 (into L1) rather than prefetcht1: on
+ * AMD family 1Ah (Zen 5). Paired on Zen 5 (family 26 model 2, KVM, 2
+ * threads, f16; doc/figures.md, thirty-second session), in both orders,
+ * T0 there read 1.05-1.09x as fast at group 1 and 1.05-1.07x at group 2
+ * out of cache, 1.07-1.08x with the pages in L2; the seventh and
+ * twenty-ninth sessions saw 1.04-1.17x at group 1 on the same CPU. The
+ * sliced groups (0.96-1.03 at group 4, 0.99 at group 8) and the AVX2 tile
+ * (0.96-1.05) gained nothing and keep T1; so does every other CPU: T0 read
+ * 0.87 of T1 out of cache on Zen 4 and 0.90-0.97 on Intel Xeon family 6
+ * model 207 (README, the tried list). Asked once; a test may say otherwise
+ * (kva__pf_t0_force).
+ */
+static _Atomic int t0_known;  /* 0 unknown, 1 no, 2 yes */
+static _Atomic int t0_forced; /* 0: the CPU's answer, 1 no, 2 yes */
+
+bool kva__pf_t0(void)
+{
+	int v = atomic_load_explicit(&t0_forced, memory_order_relaxed);
+
+	if (v)
+		return v == 2;
+	v = atomic_load_explicit(&t0_known, memory_order_relaxed);
+	if (v == 0) {
+		v = amd_family() == 0x1au ? 2 : 1;
+		atomic_store_explicit(&t0_known, v, memory_order_relaxed);
+	}
+	return v == 2;
+}
+
+void kva__pf_t0_force(int t0)
+{
+	atomic_store_explicit(&t0_forced, t0 < 0 ? 0 : t0 ? 2 : 1, memory_order_relaxed);
 }
 
 enum kva_isa kva_isa_best(void)

@@ -64,6 +64,9 @@ struct kva__tile {
 	 * (kva__pf_queues): the cursor asks for a run's lines back to back
 	 * (kva__pf_lines), and the multi-head parts step every 16 tokens */
 	bool pf_queue;
+	/* the AVX-512 tile on a CPU that reads faster with it (kva__pf_t0):
+	 * the cursor's and the sites' prefetches hint T0, not T1 */
+	bool pf_t0;
 };
 
 /*
@@ -289,9 +292,13 @@ static inline void kva__scales_at(const struct kva__tile *t, int32_t tb, int n, 
  * Zen 5 (family 26), with twice the read bandwidth a core, T0 read up
  * to 1.1-1.2x more than T1 (avx2 on one thread; both paths on two at
  * group 1; not at group 4 on avx512), with this order or the one before:
- * the hint stays T1, whose loss there is smaller than T0's on Zen 4. On
- * Zen 3 (family 25 model 1, AVX2) T0, T2 and NTA read 0.95-1.03 of T1 at
- * groups 1 and 4 (doc/figures.md, fifteenth session): no difference there.
+ * the hint stays T1 by default, whose loss there is smaller than T0's on
+ * Zen 4, but the AVX-512 tile's groups 1 and 2 take T0 on Zen 5
+ * (kva__pf_t0, the tile's pf_t0: 1.05-1.09x out of cache and 1.07-1.08x
+ * in L2 in the thirty-second session, where the sliced groups and the
+ * AVX2 tile gained nothing). On Zen 3 (family 25 model 1, AVX2) T0, T2
+ * and NTA read 0.95-1.03 of T1 at groups 1 and 4 (doc/figures.md,
+ * fifteenth session): no difference there.
  */
 struct kva__pf {
 	const char *p;              /* the next line of the current run to ask for, */
@@ -310,6 +317,7 @@ struct kva__pf {
 	size_t base;                /* bytes from the rows' table to the first
 				     * head the cursor reads (kva__pf_begin_head) */
 	bool tight;                 /* a run's lines back to back (the tile's pf_queue) */
+	bool t0;                    /* hint T0, not T1 (the tile's pf_t0) */
 #ifdef KVA__PF_AUDIT
 	int taken;                  /* steps the turn's loops took (kva__blocks_turn_end) */
 #endif
@@ -349,6 +357,7 @@ static inline void kva__pf_begin(struct kva__pf *pf, const struct kva__tile *t,
 	pf->left = 0;
 	pf->base = 0;
 	pf->tight = t->pf_queue;
+	pf->t0 = t->pf_t0;
 #ifdef KVA__PF_AUDIT
 	pf->taken = 0;
 #endif
@@ -427,9 +436,34 @@ static inline bool kva__pf_next(struct kva__pf *pf, const char **p, int *left)
 	return true;
 }
 
-/* a line the cursor asks for (a test may count them instead) */
-#ifndef KVA__PREFETCH
-#define KVA__PREFETCH(a) __builtin_prefetch((a), 0, 2)
+/*
+ * A line the cursor asks for, into L1 (@t0: hint T0, kva__pf_t0) or L2
+ * (T1); a test may count them instead, defining KVA__PREFETCH(a). A file
+ * that defines KVA__PF_T1_ONLY (the AVX2 tile) asks with T1 whatever @t0
+ * says: a test of it at every line of the AVX2 tile's cursor, never true,
+ * read 0.90-0.93 of the build without it at groups 4 and 8 (Zen 5,
+ * doc/figures.md, thirty-second session).
+ */
+#ifdef KVA__PREFETCH
+#define KVA__PREFETCH_AT(a, t0)   \
+	do {                      \
+		(void)(t0);       \
+		KVA__PREFETCH(a); \
+	} while (0)
+#elif defined(KVA__PF_T1_ONLY)
+#define KVA__PREFETCH_AT(a, t0)                       \
+	do {                                          \
+		(void)(t0);                           \
+		__builtin_prefetch((a), 0, 2);         \
+	} while (0)
+#else
+#define KVA__PREFETCH_AT(a, t0)                       \
+	do {                                          \
+		if (t0)                               \
+			__builtin_prefetch((a), 0, 3); \
+		else                                  \
+			__builtin_prefetch((a), 0, 2); \
+	} while (0)
 #endif
 
 /*
@@ -448,7 +482,7 @@ static inline void kva__pf_lines(struct kva__pf *pf, int lines)
 		for (; lines != 0; lines--, left--) {
 			if (!left && !kva__pf_next(pf, &p, &left))
 				break;
-			KVA__PREFETCH(p);
+			KVA__PREFETCH_AT(p, pf->t0);
 			p += 64;
 		}
 	} else {
@@ -464,7 +498,7 @@ static inline void kva__pf_lines(struct kva__pf *pf, int lines)
 			if (lines > 0)
 				lines -= n;
 			do {
-				KVA__PREFETCH(p);
+				KVA__PREFETCH_AT(p, pf->t0);
 				p += 64;
 			} while (p != end);
 		}
@@ -533,6 +567,7 @@ struct kva__pfq {
 	const char *p, *end;    /* the run being asked for: its next line, and its end */
 	const char *(*run)[2];  /* the turn's runs, [first line, end) */
 	int r, n;               /* the list's next run, and its runs */
+	bool t0;                /* hint T0, not T1 (the cursor's) */
 };
 
 /* the cursor's runs (up to KVA__PFQ_RUNS: all of a turn's) into @run; how many */
@@ -559,6 +594,7 @@ static inline __attribute__((always_inline)) void kva__pfq_begin(struct kva__pf 
 								   const char *run[][2], bool list)
 {
 	q->p = q->end = NULL;
+	q->t0 = pf->t0;
 	q->run = run;
 	q->r = 0;
 	q->n = list ? kva__pfq_fill(pf, run) : 0;
@@ -592,11 +628,11 @@ static inline __attribute__((always_inline)) void kva__pfq_site(struct kva__pfq 
 		return;
 	if (q->end - q->p >= 64 * L) {
 		for (int l = 0; l < L; l++)
-			KVA__PREFETCH(q->p + 64 * l);
+			KVA__PREFETCH_AT(q->p + 64 * l, q->t0);
 		q->p += 64 * L;
 	} else { /* across the run's end, a line at a time (p stops at each end) */
 		for (int left = L; left > 0 && kva__pfq_run(q); left--) {
-			KVA__PREFETCH(q->p);
+			KVA__PREFETCH_AT(q->p, q->t0);
 			q->p += 64;
 		}
 	}
@@ -618,7 +654,7 @@ static inline __attribute__((always_inline)) void kva__pfq_step(struct kva__pfq 
 	if (!q)
 		return;
 	for (int left = lines; left > 0 && kva__pfq_run(q); left--) {
-		KVA__PREFETCH(q->p);
+		KVA__PREFETCH_AT(q->p, q->t0);
 		q->p += 64;
 	}
 }
@@ -629,7 +665,7 @@ static inline void kva__pfq_end(struct kva__pfq *q)
 {
 	while (kva__pfq_run(q))
 		for (; q->p < q->end; q->p += 64)
-			KVA__PREFETCH(q->p);
+			KVA__PREFETCH_AT(q->p, q->t0);
 }
 
 /*
@@ -869,5 +905,10 @@ bool kva__isa_supported(enum kva_isa isa);
  * test, -1 the CPU's answer again */
 bool kva__avx512_split(void);
 void kva__avx512_split_force(int split);
+/* whether the AVX-512 tile's prefetches take hint T0 on this CPU (Zen 5),
+ * not T1 (isa.c); kva__pf_t0_force(1 / 0) says yes / no for a test, -1 the
+ * CPU's answer again */
+bool kva__pf_t0(void);
+void kva__pf_t0_force(int t0);
 
 #endif /* KVA_KERNELS_PVT_H */

@@ -595,6 +595,79 @@ static void test_thread_count_changes_nothing(void **state)
 }
 
 /*
+ * The AVX-512 tile's prefetch hint (T0 on Zen 5, T1 elsewhere: kva__pf_t0)
+ * changes when lines arrive, never what is computed: groups 1 and 2 (the
+ * ones it applies to) and 4, every dtype, head_dims 64, 128 (their own
+ * instances) and 96 (the generic one, whose cursor asks), HND and NHD, bit
+ * for bit the same with the hint forced either way. And the force: yes, no,
+ * then the CPU's own answer, the same each time it is asked.
+ */
+static void test_prefetch_hint_changes_nothing(void **state)
+{
+	static const enum kva_dtype dts[] = { KVA_F32, KVA_F16, KVA_BF16, KVA_FP8_E4M3, KVA_INT8 };
+	static const int32_t dims[] = { 64, 96, 128 }, groups[] = { 1, 2, 4 };
+	static const int32_t lens[] = { 700, 37, 300, 1 };
+	const int32_t heads = 2;
+	bool cpu;
+
+	(void)state;
+	kva__pf_t0_force(1);
+	assert_true(kva__pf_t0());
+	kva__pf_t0_force(0);
+	assert_false(kva__pf_t0());
+	kva__pf_t0_force(-1);
+	cpu = kva__pf_t0();
+	assert_true(kva__pf_t0() == cpu);
+	if (kva_isa_best() < KVA_ISA_AVX512)
+		return;
+	for (unsigned d = 0; d < sizeof(dts) / sizeof(dts[0]); d++)
+		for (unsigned j = 0; j < sizeof(dims) / sizeof(dims[0]); j++)
+			for (unsigned gi = 0; gi < sizeof(groups) / sizeof(groups[0]); gi++)
+				for (int order = HND; order <= NHD; order++) {
+					const int32_t D = dims[j], qh = heads * groups[gi];
+					const size_t nq = 4 * (size_t)qh * D;
+					uint64_t rng = 77 + d * 9 + j * 3 + gi;
+					float *q = malloc(sizeof(float) * nq);
+					float *out[2] = { malloc(sizeof(float) * nq),
+							  malloc(sizeof(float) * nq) };
+					float lse[2][4 * 8];
+					int32_t pages = pages_for(lens, 4, 16);
+					struct cache c;
+					struct batch b;
+
+					assert_non_null(q);
+					assert_non_null(out[0]);
+					assert_non_null(out[1]);
+					cache_make(&c, dts[d], pages, 16, heads, D, order, 0);
+					batch_make(&b, lens, 4, 16, pages, false, &rng);
+					fill(&c, &b, 1.0f, &rng);
+					for (size_t i = 0; i < nq; i++)
+						q[i] = frand(&rng);
+					for (int t0 = 0; t0 < 2; t0++) {
+						struct kva_decode_opts o = { .threads = 2,
+									     .split_tokens = 256,
+									     .isa = KVA_ISA_AVX512 };
+
+						kva__pf_t0_force(t0);
+						assert_int_equal(kva_decode(&c.kv, &b.pt, q, KVA_F32, qh,
+									    0.125f, out[t0], lse[t0], &o),
+								 0);
+					}
+					kva__pf_t0_force(-1);
+					if (memcmp(out[0], out[1], sizeof(float) * nq) ||
+					    memcmp(lse[0], lse[1], sizeof(float) * 4 * (size_t)qh))
+						fail_msg("%s head_dim %d group %d %s: T0 and T1 differ",
+							 kva_dtype_name(dts[d]), D, groups[gi],
+							 order == HND ? "HND" : "NHD");
+					cache_free(&c);
+					batch_free(&b);
+					free(q);
+					free(out[0]);
+					free(out[1]);
+				}
+}
+
+/*
  * A tile covers a span of KV heads: all of them when the batch has splits
  * enough for the threads, fewer otherwise (decode.c). Three KV heads, 12
  * splits: 1 thread runs spans of 3, 4 threads spans of 2 and 1 (an uneven
@@ -2127,6 +2200,7 @@ int main(void)
 		cmocka_unit_test(test_split_boundaries_and_split_invariance),
 		cmocka_unit_test(test_thread_count_changes_nothing),
 		cmocka_unit_test(test_head_spans_change_nothing),
+		cmocka_unit_test(test_prefetch_hint_changes_nothing),
 		cmocka_unit_test(test_long_context_past_16k),
 		cmocka_unit_test(test_strides_nhd_hnd_and_padding),
 		cmocka_unit_test(test_prefetch_cursor_reads_the_block_in_address_order),
