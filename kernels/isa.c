@@ -274,8 +274,9 @@ static int32_t measure_kept(void)
 		uint64_t until, got = 0;
 
 		cold_lines(buf, &rng, line);
+		/* T1: the AVX2 tile's hint, whose cursor the count sets */
 		for (unsigned i = 0; i < KEPT_BURST; i++)
-			_mm_prefetch(line[i], _MM_HINT_T1); /* the tiles' hint */
+			_mm_prefetch(line[i], _MM_HINT_T1);
 		until = now_ns() + KEPT_WAIT_NS; /* a prefetch kept has long arrived */
 		while (now_ns() < until)
 			_mm_pause();
