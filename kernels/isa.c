@@ -67,8 +67,32 @@ bool kva__isa_supported(enum kva_isa isa)
  * are not told apart: they run as a full-width core does. Asked once, as
  * has_f16c; a test may say otherwise (kva__avx512_split_force).
  */
-static _Atomic int split_known;  /* 0 unknown, 1 no, 2 yes */
-static _Atomic int split_forced; /* 0: the CPU's answer, 1 no, 2 yes */
+/* a yes or no about this CPU, asked once: known 0 unknown, 1 no, 2 yes;
+ * forced 0 the CPU's answer, 1 no, 2 yes (a test's) */
+struct cpu_answer {
+	_Atomic int known, forced;
+	bool (*ask)(void);
+};
+
+static bool cpu_answer(struct cpu_answer *a)
+{
+	int v = atomic_load_explicit(&a->forced, memory_order_relaxed);
+
+	if (v)
+		return v == 2;
+	v = atomic_load_explicit(&a->known, memory_order_relaxed);
+	if (v == 0) {
+		v = a->ask() ? 2 : 1;
+		atomic_store_explicit(&a->known, v, memory_order_relaxed);
+	}
+	return v == 2;
+}
+
+/* @yes 1 / 0 forces the answer, -1 gives the CPU's back */
+static void cpu_answer_force(struct cpu_answer *a, int yes)
+{
+	atomic_store_explicit(&a->forced, yes < 0 ? 0 : yes ? 2 : 1, memory_order_relaxed);
+}
 
 /* the family of an AMD CPU (0x19 Zen 3 and 4, 0x1a Zen 5); 0 for any other */
 static unsigned amd_family(void)
@@ -90,23 +114,16 @@ static bool cpu_splits_512(void)
 	return amd_family() == 0x19u;
 }
 
+static struct cpu_answer split = { .ask = cpu_splits_512 };
+
 bool kva__avx512_split(void)
 {
-	int v = atomic_load_explicit(&split_forced, memory_order_relaxed);
-
-	if (v)
-		return v == 2;
-	v = atomic_load_explicit(&split_known, memory_order_relaxed);
-	if (v == 0) {
-		v = cpu_splits_512() ? 2 : 1;
-		atomic_store_explicit(&split_known, v, memory_order_relaxed);
-	}
-	return v == 2;
+	return cpu_answer(&split);
 }
 
-void kva__avx512_split_force(int split)
+void kva__avx512_split_force(int yes)
 {
-	atomic_store_explicit(&split_forced, split < 0 ? 0 : split ? 2 : 1, memory_order_relaxed);
+	cpu_answer_force(&split, yes);
 }
 
 /*
@@ -123,26 +140,21 @@ void kva__avx512_split_force(int split)
  * model 207 (README, the tried list). Asked once; a test may say otherwise
  * (kva__pf_t0_force).
  */
-static _Atomic int t0_known;  /* 0 unknown, 1 no, 2 yes */
-static _Atomic int t0_forced; /* 0: the CPU's answer, 1 no, 2 yes */
+static bool cpu_is_zen5(void)
+{
+	return amd_family() == 0x1au;
+}
+
+static struct cpu_answer t0 = { .ask = cpu_is_zen5 };
 
 bool kva__pf_t0(void)
 {
-	int v = atomic_load_explicit(&t0_forced, memory_order_relaxed);
-
-	if (v)
-		return v == 2;
-	v = atomic_load_explicit(&t0_known, memory_order_relaxed);
-	if (v == 0) {
-		v = amd_family() == 0x1au ? 2 : 1;
-		atomic_store_explicit(&t0_known, v, memory_order_relaxed);
-	}
-	return v == 2;
+	return cpu_answer(&t0);
 }
 
-void kva__pf_t0_force(int t0)
+void kva__pf_t0_force(int yes)
 {
-	atomic_store_explicit(&t0_forced, t0 < 0 ? 0 : t0 ? 2 : 1, memory_order_relaxed);
+	cpu_answer_force(&t0, yes);
 }
 
 enum kva_isa kva_isa_best(void)
