@@ -34,7 +34,7 @@ struct plan {
 	kva__axpy_fn axpy;         /* the merge's y += a x, the tile's ISA */
 	int32_t one_step;          /* struct kva__tile's */
 	bool pf_queue;             /* struct kva__tile's */
-	bool pf_t0;                /* struct kva__tile's: the AVX-512 tile, kva__pf_t0() */
+	bool pf_t0;                /* struct kva__tile's */
 	int32_t split_tokens, max_splits;
 	int32_t span, spans;       /* KV heads per tile, tiles per split */
 	/* per sequence: its first tile, its split length and count */
@@ -453,9 +453,8 @@ int kva_decode(const struct kva_kv_desc *kv, const struct kva_page_table *pt, co
 			p.one_step = kva__avx2_one_step(kv->dtype, kv->head_dim,
 							num_q_heads / kv->num_kv_heads, kept);
 	}
-	/* groups 1 and 2: the AVX-512 tile's dot products (kva__pf_t0) */
-	p.pf_t0 = p.tile == kva__tile_avx512 && num_q_heads / kv->num_kv_heads <= 2 &&
-		  kva__pf_t0();
+	/* the AVX-512 tile's dot products' hint (struct kva__pfq) */
+	p.pf_t0 = p.tile == kva__tile_avx512 && kva__pf_t0();
 	threads = o.threads ? o.threads : kva_kernel_threads();
 	p.kv = kv;
 	p.pt = pt;

@@ -127,8 +127,9 @@ void kva__avx512_split_force(int yes)
 }
 
 /*
- * Whether the AVX-512 tile's groups 1 and 2 (its dot products, decode.c)
- * ask for their lines with prefetcht0 (into L1) rather than prefetcht1: on
+ * Whether the AVX-512 tile's groups 1 and 2 at head_dim 64 and 128 (its
+ * dot products' sites, struct kva__pfq) ask for their lines with
+ * prefetcht0 (into L1) rather than prefetcht1: on
  * AMD family 1Ah (Zen 5). Paired on Zen 5 (family 26 model 2, KVM, 2
  * threads, f16; doc/figures.md, thirty-second session), in both orders,
  * T0 there read 1.05-1.09x as fast at group 1 and 1.05-1.07x at group 2

@@ -64,8 +64,9 @@ struct kva__tile {
 	 * (kva__pf_queues): the cursor asks for a run's lines back to back
 	 * (kva__pf_lines), and the multi-head parts step every 16 tokens */
 	bool pf_queue;
-	/* the AVX-512 tile on a CPU that reads faster with it (kva__pf_t0):
-	 * the cursor's and the sites' prefetches hint T0, not T1 */
+	/* the AVX-512 tile's dot products (groups 1 and 2 at head_dim 64 and
+	 * 128), on a CPU that reads faster with it (kva__pf_t0): their sites
+	 * ask for lines with hint T0, not T1 (struct kva__pfq) */
 	bool pf_t0;
 };
 
@@ -292,12 +293,10 @@ static inline void kva__scales_at(const struct kva__tile *t, int32_t tb, int n, 
  * Zen 5 (family 26), with twice the read bandwidth a core, T0 read up
  * to 1.1-1.2x more than T1 (avx2 on one thread; both paths on two at
  * group 1; not at group 4 on avx512), with this order or the one before:
- * the hint stays T1 by default, whose loss there is smaller than T0's on
- * Zen 4, but the AVX-512 tile's groups 1 and 2 take T0 on Zen 5
- * (kva__pf_t0, the tile's pf_t0: 1.05-1.09x out of cache and 1.07-1.08x
- * in L2 in the thirty-second session, where the sliced groups and the
- * AVX2 tile gained nothing). On Zen 3 (family 25 model 1, AVX2) T0, T2
- * and NTA read 0.95-1.03 of T1 at groups 1 and 4 (doc/figures.md,
+ * the hint stays T1, whose loss there is smaller than T0's on Zen 4 (but
+ * the AVX-512 tile's dot products take T0 on Zen 5, through their list of
+ * runs: struct kva__pfq, kva__pf_t0). On Zen 3 (family 25 model 1, AVX2)
+ * T0, T2 and NTA read 0.95-1.03 of T1 at groups 1 and 4 (doc/figures.md,
  * fifteenth session): no difference there.
  */
 struct kva__pf {
@@ -317,7 +316,6 @@ struct kva__pf {
 	size_t base;                /* bytes from the rows' table to the first
 				     * head the cursor reads (kva__pf_begin_head) */
 	bool tight;                 /* a run's lines back to back (the tile's pf_queue) */
-	bool t0;                    /* hint T0, not T1 (the tile's pf_t0) */
 #ifdef KVA__PF_AUDIT
 	int taken;                  /* steps the turn's loops took (kva__blocks_turn_end) */
 #endif
@@ -357,7 +355,6 @@ static inline void kva__pf_begin(struct kva__pf *pf, const struct kva__tile *t,
 	pf->left = 0;
 	pf->base = 0;
 	pf->tight = t->pf_queue;
-	pf->t0 = t->pf_t0;
 #ifdef KVA__PF_AUDIT
 	pf->taken = 0;
 #endif
@@ -436,35 +433,21 @@ static inline bool kva__pf_next(struct kva__pf *pf, const char **p, int *left)
 	return true;
 }
 
-/*
- * A line the cursor asks for, into L1 (@t0: hint T0, kva__pf_t0) or L2
- * (T1); a test may count them instead, defining KVA__PREFETCH(a). A file
- * that defines KVA__PF_T1_ONLY (the AVX2 tile) asks with T1 whatever @t0
- * says: a test of it at every line of the AVX2 tile's cursor, never true,
- * read 0.90-0.93 of the build without it at groups 4 and 8 (Zen 5,
- * doc/figures.md, thirty-second session).
- */
-#ifdef KVA__PREFETCH
-#define KVA__PREFETCH_AT(a, t0)   \
-	do {                      \
-		(void)(t0);       \
-		KVA__PREFETCH(a); \
-	} while (0)
-#elif defined(KVA__PF_T1_ONLY)
-#define KVA__PREFETCH_AT(a, t0)                       \
-	do {                                          \
-		(void)(t0);                           \
-		__builtin_prefetch((a), 0, 2);         \
-	} while (0)
-#else
-#define KVA__PREFETCH_AT(a, t0)                       \
-	do {                                          \
-		if (t0)                               \
-			__builtin_prefetch((a), 0, 3); \
-		else                                  \
-			__builtin_prefetch((a), 0, 2); \
-	} while (0)
+/* a line the cursor asks for (a test may count them instead) */
+#ifndef KVA__PREFETCH
+#define KVA__PREFETCH(a) __builtin_prefetch((a), 0, 2)
 #endif
+
+/* a line a list's site asks for: with hint T0 where @t0 (struct kva__pfq),
+ * else as the cursor asks (a test that counts KVA__PREFETCH's lines leaves
+ * its tiles' pf_t0 false) */
+#define KVA__PREFETCH_AT(a, t0)                        \
+	do {                                           \
+		if (t0)                                \
+			__builtin_prefetch((a), 0, 3); \
+		else                                   \
+			KVA__PREFETCH(a);              \
+	} while (0)
 
 /*
  * @lines more lines (all that are left if @lines < 0). On a core that
@@ -482,7 +465,7 @@ static inline void kva__pf_lines(struct kva__pf *pf, int lines)
 		for (; lines != 0; lines--, left--) {
 			if (!left && !kva__pf_next(pf, &p, &left))
 				break;
-			KVA__PREFETCH_AT(p, pf->t0);
+			KVA__PREFETCH(p);
 			p += 64;
 		}
 	} else {
@@ -498,7 +481,7 @@ static inline void kva__pf_lines(struct kva__pf *pf, int lines)
 			if (lines > 0)
 				lines -= n;
 			do {
-				KVA__PREFETCH_AT(p, pf->t0);
+				KVA__PREFETCH(p);
 				p += 64;
 			} while (p != end);
 		}
@@ -567,7 +550,16 @@ struct kva__pfq {
 	const char *p, *end;    /* the run being asked for: its next line, and its end */
 	const char *(*run)[2];  /* the turn's runs, [first line, end) */
 	int r, n;               /* the list's next run, and its runs */
-	bool t0;                /* hint T0, not T1 (the cursor's) */
+	/* hint T0, not T1: false from kva__pfq_begin, so that the sliced
+	 * groups' loops hold no test of it; the dot products set the tile's
+	 * pf_t0. Paired on Zen 5 (family 26 model 2, AVX-512, 2 threads, f16,
+	 * head_dim 128), T0 read group 1 1.05-1.09x and group 2 1.05-1.07x as
+	 * fast out of cache, 1.07-1.08x in L2, where the sliced groups (0.96-1.04)
+	 * and the AVX2 tile (0.96-1.05) gained nothing (doc/figures.md,
+	 * thirty-second session). Only here: the test, in the cursor's line
+	 * loops (kva__pf_lines) and never true, cost the AVX2 tile 0.89-0.93
+	 * at groups 4 and 8 and the AVX-512 generic instance 0.86-0.92 */
+	bool t0;
 };
 
 /* the cursor's runs (up to KVA__PFQ_RUNS: all of a turn's) into @run; how many */
@@ -594,7 +586,7 @@ static inline __attribute__((always_inline)) void kva__pfq_begin(struct kva__pf 
 								   const char *run[][2], bool list)
 {
 	q->p = q->end = NULL;
-	q->t0 = pf->t0;
+	q->t0 = false;
 	q->run = run;
 	q->r = 0;
 	q->n = list ? kva__pfq_fill(pf, run) : 0;
@@ -905,9 +897,9 @@ bool kva__isa_supported(enum kva_isa isa);
  * test, -1 the CPU's answer again */
 bool kva__avx512_split(void);
 void kva__avx512_split_force(int split);
-/* whether the AVX-512 tile's prefetches take hint T0 on this CPU (Zen 5),
- * not T1 (isa.c); kva__pf_t0_force(1 / 0) says yes / no for a test, -1 the
- * CPU's answer again */
+/* whether the AVX-512 tile's dot products prefetch with hint T0 on this
+ * CPU (Zen 5), not T1 (isa.c); kva__pf_t0_force(1 / 0) says yes / no for a
+ * test, -1 the CPU's answer again */
 bool kva__pf_t0(void);
 void kva__pf_t0_force(int t0);
 

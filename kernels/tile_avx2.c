@@ -49,9 +49,6 @@
  */
 #include <immintrin.h>
 
-/* hint T1 always (kva__pf_t0 is the AVX-512 tile's: here T0 read 0.96-1.05
- * of T1 on Zen 5, doc/figures.md, thirty-second session) */
-#define KVA__PF_T1_ONLY
 #include "kernels_pvt.h"
 #include "load_x86.h"
 

@@ -662,10 +662,6 @@ AI void sl_block(const struct kva__tile *t, const struct kva__rows *bk, struct k
 	struct kva__pfq pq;
 
 	kva__pfq_begin(pf, &pq, run, true);
-	/* T1: the sliced groups read no faster with T0 on Zen 5 (group 4
-	 * 0.96-1.03, group 8 0.99; kva__pf_t0), and a constant keeps the
-	 * hint's test out of their loops */
-	pq.t0 = false;
 	for (int i = 0; i < n; i += SL_TB)
 		sl_scores(t, bk, &pq, hoff, i, s, kf, dt, NC, W);
 	if (scaled)
@@ -748,6 +744,7 @@ AI void head_block(const struct kva__tile *t, const struct kva__rows *bk,
 	struct kva__pfq *dq = ALL ? NULL : &pq;
 
 	kva__pfq_begin(pf, &pq, run, dq != NULL);
+	pq.t0 = t->pf_t0; /* T0 on Zen 5 (struct kva__pfq); the generic instance asks none here */
 	if (dt == KVA_FP8_E4M3 || dt == KVA_INT8)
 		kva__scales_at(t, tb, bk->n, t->kv_head, ks, vs);
 

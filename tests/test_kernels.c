@@ -596,11 +596,11 @@ static void test_thread_count_changes_nothing(void **state)
 
 /*
  * The AVX-512 tile's prefetch hint (T0 on Zen 5, T1 elsewhere: kva__pf_t0)
- * changes when lines arrive, never what is computed: groups 1 and 2 (the
- * ones it applies to) and 4, every dtype, head_dims 64, 128 (their own
- * instances) and 96 (the generic one, whose cursor asks), HND and NHD, bit
- * for bit the same with the hint forced either way. And the force: yes, no,
- * then the CPU's own answer, the same each time it is asked.
+ * changes when lines arrive, never what is computed: groups 1 and 2 at
+ * head_dims 64 and 128 (the dot products' sites, which take it), and
+ * group 4 and head_dim 96 (which keep T1 whatever it says), every dtype,
+ * HND and NHD, bit for bit the same with the hint forced either way. And
+ * the force: yes, no, then the CPU's own answer, the same each time.
  */
 static void test_prefetch_hint_changes_nothing(void **state)
 {
