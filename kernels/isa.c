@@ -132,8 +132,8 @@ void kva__avx512_split_force(int yes)
  * prefetcht0 (into L1) rather than prefetcht1: on
  * AMD family 1Ah (Zen 5). Paired on Zen 5 (family 26 model 2, KVM, 2
  * threads, f16; doc/figures.md, thirty-second session), in both orders,
- * T0 there read 1.05-1.09x as fast at group 1 and 1.05-1.07x at group 2
- * out of cache, 1.07-1.08x with the pages in L2; the seventh and
+ * T0 there read 1.01-1.06x as fast at group 1 and 1.03-1.08x at group 2
+ * out of cache (group 1 0.95x with the pages in L2); the seventh and
  * twenty-ninth sessions saw 1.04-1.17x at group 1 on the same CPU. The
  * sliced groups (0.96-1.03 at group 4, 0.99 at group 8) and the AVX2 tile
  * (0.96-1.05) gained nothing and keep T1; so does every other CPU: T0 read

@@ -553,8 +553,8 @@ struct kva__pfq {
 	/* hint T0, not T1: false from kva__pfq_begin, so that the sliced
 	 * groups' loops hold no test of it; the dot products set the tile's
 	 * pf_t0. Paired on Zen 5 (family 26 model 2, AVX-512, 2 threads, f16,
-	 * head_dim 128), T0 read group 1 1.05-1.09x and group 2 1.05-1.07x as
-	 * fast out of cache, 1.07-1.08x in L2, where the sliced groups (0.96-1.04)
+	 * head_dim 128), T0 read group 1 1.01-1.06x and group 2 1.03-1.08x as
+	 * fast out of cache (group 1 0.95x in L2), where the sliced groups (0.96-1.04)
 	 * and the AVX2 tile (0.96-1.05) gained nothing (doc/figures.md,
 	 * thirty-second session). Only here: the test, in the cursor's line
 	 * loops (kva__pf_lines) and never true, cost the AVX2 tile 0.89-0.93
