@@ -35,6 +35,7 @@ struct plan {
 	int32_t one_step;          /* struct kva__tile's */
 	bool pf_queue;             /* struct kva__tile's */
 	bool pf_t0;                /* struct kva__tile's */
+	bool sl_dot;               /* struct kva__tile's; q [heads][4][head_dim] */
 	int32_t split_tokens, max_splits;
 	int32_t span, spans;       /* KV heads per tile, tiles per split */
 	/* per sequence: its first tile, its split length and count */
@@ -254,6 +255,18 @@ static void run_q(void *ctx, uint32_t b)
 			p->qf[base + i] = load_q(p->q, p->q_dtype, base + i) * p->q_scale;
 		return;
 	}
+	if (p->sl_dot) { /* groups 3 and 4 as dot products: [4][head_dim], a pad head's row 0 */
+		for (int32_t h = 0; h < heads; h++) {
+			float *o = p->qf + ((size_t)b * heads + (size_t)h) * p->q_stride;
+			size_t in = base + (size_t)h * p->group * p->head_dim;
+
+			for (int32_t i = 0; i < p->gp * p->head_dim; i++)
+				o[i] = i < p->group * p->head_dim
+					? load_q(p->q, p->q_dtype, in + (size_t)i) * p->q_scale
+					: 0.0f;
+		}
+		return;
+	}
 	/* sliced (kernels_pvt.h, kva__avx512_gp): row r of a KV head, lane
 	 * g * w + j, is q[g][r * w + j]; a pad head's lanes are 0 */
 	for (int32_t h = 0; h < heads; h++) {
@@ -298,6 +311,7 @@ static bool tile_at(const struct plan *p, uint32_t tile, struct kva__tile *t)
 		.one_step = p->one_step,
 		.pf_queue = p->pf_queue,
 		.pf_t0 = p->pf_t0,
+		.sl_dot = p->sl_dot,
 	};
 	return t->t0 < t->t1;
 }
@@ -464,6 +478,7 @@ int kva_decode(const struct kva_kv_desc *kv, const struct kva_page_table *pt, co
 	p.group = num_q_heads / kv->num_kv_heads;
 	p.head_dim = kv->head_dim;
 	p.gp = p.tile == kva__tile_avx512 ? kva__avx512_gp(p.group, kv->head_dim) : 0;
+	p.sl_dot = p.gp == 4 && kva__sl_dot();
 	p.q_stride = (size_t)(p.gp ? p.gp : p.group) * (size_t)kv->head_dim;
 	p.q_scale = sm_scale * KVA_LOG2E;
 	p.out = out;

@@ -48,7 +48,7 @@ struct kva__tile {
 	int32_t group;         /* query heads per KV head, 1..KVA__MAX_GROUP */
 	const float *q;        /* [heads][group][head_dim]: q * sm_scale * log2(e), fp32;
 				* for the AVX-512 tile's sliced groups [heads][head_dim / W][16]
-				* (kva__avx512_gp) */
+				* (kva__avx512_gp), or [heads][4][head_dim] (sl_dot) */
 	size_t q_stride;       /* floats from one KV head's q to the next's */
 	float *acc;            /* [heads][group][head_dim] out */
 	float *m, *l;          /* [heads][group] out */
@@ -68,6 +68,10 @@ struct kva__tile {
 	 * 128), on a CPU that reads faster with it (kva__pf_t0): their sites
 	 * ask for lines with hint T0, not T1 (struct kva__pfq) */
 	bool pf_t0;
+	/* the AVX-512 tile's groups of 3 and 4 (kva__avx512_gp 4), on a CPU
+	 * where it is faster (kva__sl_dot), score by dot products (its
+	 * g4_scores): q is then [heads][4][head_dim], a pad head's row 0 */
+	bool sl_dot;
 };
 
 /*
@@ -902,5 +906,9 @@ void kva__avx512_split_force(int split);
  * test, -1 the CPU's answer again */
 bool kva__pf_t0(void);
 void kva__pf_t0_force(int t0);
+/* whether the AVX-512 tile scores groups of 3 and 4 as dot products on
+ * this CPU (Zen 5), not sliced (isa.c); kva__sl_dot_force as above */
+bool kva__sl_dot(void);
+void kva__sl_dot_force(int dot);
 
 #endif /* KVA_KERNELS_PVT_H */

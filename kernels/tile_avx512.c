@@ -570,6 +570,57 @@ AI void sl_scores(const struct kva__tile *t, const struct kva__rows *bk, struct 
 	}
 }
 
+/*
+ * Groups of 3 and 4 (GP 4) on a CPU where it is faster (kva__sl_dot, Zen
+ * 5): scores as dot products, q [4][head_dim] (a pad head's row 0, decode.c).
+ * Tokens [i, i + 4) x the 4 heads are 16 sums: each K chunk converted once
+ * into a register and multiplied into its token's 4 sums by the 4 heads' q
+ * chunk (loaded once for the 4 tokens), the 16 sums reduced together
+ * (reduce16) into vector i / 4 of s, sum (tt, g) in lane sl_lane(tt, g),
+ * as sl_scores leaves it for the softmax. A row past the block's end is
+ * its first row again (the softmax masks it). A prefetch site at every
+ * chunk asks for as many lines as the chunk's 4 rows read.
+ *
+ * Why: the sliced FMA broadcasts 4 floats (vbroadcastf32x4 from the fp32
+ * rows), which Zen 5 issues at about two thirds of an FMA's rate; in a
+ * throwaway loop over one block in L1 (family 26 model 2, gcc -O3), 24
+ * tokens' scores at head_dim 128 took 148 ns this way against 244 sliced
+ * (at group 8 and its 2 x 8 sums, 353 against 413, and 682 against 720
+ * at 16 x 1). Paired in the tile (kvarena-ab, f16, head_dim 128, 2
+ * threads; doc/figures.md, thirty-third session): groups 3 and 4
+ * 1.05-1.10x as fast out of cache and 1.17-1.18x on one page; groups 6,
+ * 8 and 16 0.92-0.98 out of cache (1.00-1.06 and 0.96 on one page), which
+ * stay sliced.
+ */
+AI void g4_scores(const struct kva__tile *t, const struct kva__rows *bk, struct kva__pfq *pq,
+		  size_t hoff, int i, float *s, const enum kva_dtype dt, int NC)
+{
+	const int D = NC * 16;
+	const size_t esize = kva__esize(dt);
+	const int L = (int)esize; /* the lines of a chunk of 4 rows: 64 esize bytes */
+	const char *row[4];
+	__m512 a[16];
+
+	for (int tt = 0; tt < 4; tt++)
+		row[tt] = bk->k[i + tt < bk->n ? i + tt : 0] + hoff;
+	for (int l = 0; l < 16; l++)
+		a[l] = _mm512_setzero_ps();
+	for (int c = 0; c < NC; c++) {
+		__m512 q[4];
+
+		kva__pfq_site(pq, L);
+		for (int g = 0; g < 4; g++)
+			q[g] = _mm512_load_ps(t->q + (size_t)g * D + c * 16);
+		for (int tt = 0; tt < 4; tt++) {
+			const __m512 k = kva__load16(row[tt] + (size_t)c * 16 * esize, dt);
+
+			for (int g = 0; g < 4; g++)
+				a[sl_lane(tt, g, 4)] = _mm512_fmadd_ps(k, q[g], a[sl_lane(tt, g, 4)]);
+		}
+	}
+	_mm512_store_ps(s + (size_t)i * 4, reduce16(a));
+}
+
 /* output: token i's (tt-th of its vector) V chunks [c0, c0 + nc) into the
  * accumulators of the GP heads, each p broadcast once for its nc chunks */
 AI void sl_out_token(const struct kva__rows *bk, size_t off, const float *pv, int i,
@@ -662,8 +713,12 @@ AI void sl_block(const struct kva__tile *t, const struct kva__rows *bk, struct k
 	struct kva__pfq pq;
 
 	kva__pfq_begin(pf, &pq, run, true);
-	for (int i = 0; i < n; i += SL_TB)
-		sl_scores(t, bk, &pq, hoff, i, s, kf, dt, NC, W);
+	if (W == 4 && t->sl_dot)
+		for (int i = 0; i < n; i += 4)
+			g4_scores(t, bk, &pq, hoff, i, s, dt, NC);
+	else
+		for (int i = 0; i < n; i += SL_TB)
+			sl_scores(t, bk, &pq, hoff, i, s, kf, dt, NC, W);
 	if (scaled)
 		kva__scales_at(t, tb, n, t->kv_head, ks, vs);
 	/* the block's maxima; a pad head's lanes and a token's past the end

@@ -668,6 +668,97 @@ static void test_prefetch_hint_changes_nothing(void **state)
 }
 
 /*
+ * The AVX-512 tile's groups of 3 and 4 score as dot products on Zen 5 and
+ * sliced elsewhere (kva__sl_dot): both, every dtype, head_dims 64 to 256
+ * (80 and 96: chunks past the slices' multiple), HND and NHD, lengths with
+ * a block's last 1 to 3 tokens, against each other (the sums' order
+ * differs: close, not bit for bit) and against the reference; and the
+ * force's semantics. The main suites check whichever this CPU runs, and
+ * main() runs them again with the choice the other way.
+ */
+static void test_groups_3_and_4_score_the_same_either_way(void **state)
+{
+	static const enum kva_dtype dts[] = { KVA_F32, KVA_F16, KVA_BF16, KVA_FP8_E4M3, KVA_INT8 };
+	static const int32_t dims[] = { 64, 80, 96, 128, 256 }, groups[] = { 3, 4 };
+	static const int32_t lens[] = { 701, 38, 299, 1 };
+	const int32_t heads = 2;
+	bool cpu;
+
+	(void)state;
+	kva__sl_dot_force(1);
+	assert_true(kva__sl_dot());
+	kva__sl_dot_force(0);
+	assert_false(kva__sl_dot());
+	kva__sl_dot_force(-1);
+	cpu = kva__sl_dot();
+	assert_true(kva__sl_dot() == cpu);
+	if (kva_isa_best() < KVA_ISA_AVX512)
+		return;
+	for (unsigned d = 0; d < sizeof(dts) / sizeof(dts[0]); d++)
+		for (unsigned j = 0; j < sizeof(dims) / sizeof(dims[0]); j++)
+			for (unsigned gi = 0; gi < sizeof(groups) / sizeof(groups[0]); gi++)
+				for (int order = HND; order <= NHD; order++) {
+					const int32_t D = dims[j], qh = heads * groups[gi];
+					const size_t nq = 4 * (size_t)qh * D;
+					uint64_t rng = 91 + d * 11 + j * 5 + gi;
+					float *q = malloc(sizeof(float) * nq);
+					float *out[2] = { malloc(sizeof(float) * nq),
+							  malloc(sizeof(float) * nq) };
+					float lse[2][4 * 8], diff = 0.0f;
+					double *ref = malloc(sizeof(double) * nq), rlse[4 * 8];
+					int32_t pages = pages_for(lens, 4, 16);
+					struct cache c;
+					struct batch b;
+
+					assert_non_null(q);
+					assert_non_null(out[0]);
+					assert_non_null(out[1]);
+					assert_non_null(ref);
+					cache_make(&c, dts[d], pages, 16, heads, D, order, 0);
+					batch_make(&b, lens, 4, 16, pages, false, &rng);
+					fill(&c, &b, 1.0f, &rng);
+					for (size_t i = 0; i < nq; i++)
+						q[i] = frand(&rng);
+					for (int dot = 0; dot < 2; dot++) {
+						struct kva_decode_opts o = { .threads = 2,
+									     .split_tokens = 256,
+									     .isa = KVA_ISA_AVX512 };
+
+						kva__sl_dot_force(dot);
+						kva__avx512_split_force(0); /* the AVX-512 tile for these groups */
+						assert_int_equal(kva_decode(&c.kv, &b.pt, q, KVA_F32, qh,
+									    0.125f, out[dot], lse[dot], &o),
+								 0);
+					}
+					kva__sl_dot_force(-1);
+					kva__avx512_split_force(-1);
+					for (size_t i = 0; i < nq; i++)
+						diff = fmaxf(diff, fabsf(out[0][i] - out[1][i]));
+					for (int i = 0; i < 4 * qh; i++)
+						diff = fmaxf(diff, fabsf(lse[0][i] - lse[1][i]));
+					if (!(diff <= 2e-5f))
+						fail_msg("%s head_dim %d group %d %s: dot products and sliced "
+							 "differ by %g",
+							 kva_dtype_name(dts[d]), D, groups[gi],
+							 order == HND ? "HND" : "NHD", (double)diff);
+					reference(&c, &b, q, qh, 0.125, ref, rlse);
+					for (int dot = 0; dot < 2; dot++)
+						if (!(worst(out[dot], ref, 4 * (size_t)qh, D) <=
+						      tolerance(dts[d])))
+							fail_msg("%s head_dim %d group %d, %s: error %.3g",
+								 kva_dtype_name(dts[d]), D, groups[gi],
+								 dot ? "dot products" : "sliced",
+								 worst(out[dot], ref, 4 * (size_t)qh, D));
+					free(ref);
+					cache_free(&c);
+					batch_free(&b);
+					free(q);
+					free(out[0]);
+					free(out[1]);
+				}
+}
+
+/*
  * A tile covers a span of KV heads: all of them when the batch has splits
  * enough for the threads, fewer otherwise (decode.c). Three KV heads, 12
  * splits: 1 thread runs spans of 3, 4 threads spans of 2 and 1 (an uneven
@@ -2184,6 +2275,26 @@ static int teardown_other_split(void **state)
 	return 0;
 }
 
+/* ... and with its groups of 3 and 4 scored the other way (kva__sl_dot) */
+static int setup_other_dot(void **state)
+{
+	bool dot;
+
+	kva__sl_dot_force(-1);
+	dot = kva__sl_dot();
+	kva__sl_dot_force(!dot);
+	fprintf(stderr, "  AVX-512 groups 3 and 4 scored %s (this CPU: %s)\n",
+		dot ? "sliced" : "as dot products", dot ? "dot products" : "sliced");
+	return setup(state);
+}
+
+static int teardown_other_dot(void **state)
+{
+	(void)state;
+	kva__sl_dot_force(-1);
+	return 0;
+}
+
 int main(void)
 {
 	const char *fork_probe = getenv("KVA_TEST_FORK_PROBE");
@@ -2201,6 +2312,7 @@ int main(void)
 		cmocka_unit_test(test_thread_count_changes_nothing),
 		cmocka_unit_test(test_head_spans_change_nothing),
 		cmocka_unit_test(test_prefetch_hint_changes_nothing),
+		cmocka_unit_test(test_groups_3_and_4_score_the_same_either_way),
 		cmocka_unit_test(test_long_context_past_16k),
 		cmocka_unit_test(test_strides_nhd_hnd_and_padding),
 		cmocka_unit_test(test_prefetch_cursor_reads_the_block_in_address_order),
@@ -2234,7 +2346,8 @@ int main(void)
 	 * Where the AVX-512 path runs, its groups of 3 to 8 run one tile or the
 	 * other by the core (kva__avx512_split): the decode tests again with
 	 * the choice the other way, so that both tiles are checked against the
-	 * reference on any AVX-512 machine.
+	 * reference on any AVX-512 machine; and its groups of 3 and 4 score
+	 * one way or the other by the CPU (kva__sl_dot): again, the other way.
 	 */
 	if (kva_isa_best() == KVA_ISA_AVX512) {
 		const struct CMUnitTest other[] = {
@@ -2257,6 +2370,12 @@ int main(void)
 
 		failed += cmocka_run_group_tests_name("kernels, AVX-512 split the other way", other,
 						      setup_other_split, teardown_other_split);
+		/* where the AVX-512 tile runs groups 3 and 4 (a core that does
+		 * not split), the same with them scored the other way */
+		if (!kva__avx512_split())
+			failed += cmocka_run_group_tests_name(
+				"kernels, AVX-512 groups 3 and 4 scored the other way", other,
+				setup_other_dot, teardown_other_dot);
 	}
 	return failed;
 }
