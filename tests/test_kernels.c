@@ -595,6 +595,74 @@ static void test_thread_count_changes_nothing(void **state)
 }
 
 /*
+ * One cache and q decoded twice on the AVX-512 path (2 KV heads, 4
+ * sequences of @lens, pages of 16 tokens), with @force(0) and then
+ * @force(1) before each call and @force(-1) after: what the tests of a
+ * choice the library makes by the CPU compare.
+ */
+struct two_ways {
+	struct cache c;
+	struct batch b;
+	float *q, *out[2];
+	float lse[2][4 * 8];
+	int32_t qh;
+	size_t nq;
+};
+
+static void two_ways_run(struct two_ways *w, enum kva_dtype dt, int32_t D, int32_t group,
+			 int order, const int32_t lens[4], uint64_t rng, void (*force)(int))
+{
+	const int32_t heads = 2, pages = pages_for(lens, 4, 16);
+
+	w->qh = heads * group;
+	w->nq = 4 * (size_t)w->qh * D;
+	w->q = malloc(sizeof(float) * w->nq);
+	w->out[0] = malloc(sizeof(float) * w->nq);
+	w->out[1] = malloc(sizeof(float) * w->nq);
+	assert_non_null(w->q);
+	assert_non_null(w->out[0]);
+	assert_non_null(w->out[1]);
+	cache_make(&w->c, dt, pages, 16, heads, D, order, 0);
+	batch_make(&w->b, lens, 4, 16, pages, false, &rng);
+	fill(&w->c, &w->b, 1.0f, &rng);
+	for (size_t i = 0; i < w->nq; i++)
+		w->q[i] = frand(&rng);
+	for (int way = 0; way < 2; way++) {
+		struct kva_decode_opts o = { .threads = 2, .split_tokens = 256,
+					     .isa = KVA_ISA_AVX512 };
+
+		force(way);
+		assert_int_equal(kva_decode(&w->c.kv, &w->b.pt, w->q, KVA_F32, w->qh, 0.125f,
+					    w->out[way], w->lse[way], &o),
+				 0);
+	}
+	force(-1);
+}
+
+static void two_ways_free(struct two_ways *w)
+{
+	cache_free(&w->c);
+	batch_free(&w->b);
+	free(w->q);
+	free(w->out[0]);
+	free(w->out[1]);
+}
+
+/* a choice's force: yes, no, then the CPU's own answer, the same each time */
+static void check_force(bool (*ask)(void), void (*force)(int))
+{
+	bool cpu;
+
+	force(1);
+	assert_true(ask());
+	force(0);
+	assert_false(ask());
+	force(-1);
+	cpu = ask();
+	assert_true(ask() == cpu);
+}
+
+/*
  * The AVX-512 tile's prefetch hint (T0 on Zen 5, T1 elsewhere: kva__pf_t0)
  * changes when lines arrive, never what is computed: groups 1 and 2 at
  * head_dims 64 and 128 (the dot products' sites, which take it), and
@@ -607,64 +675,34 @@ static void test_prefetch_hint_changes_nothing(void **state)
 	static const enum kva_dtype dts[] = { KVA_F32, KVA_F16, KVA_BF16, KVA_FP8_E4M3, KVA_INT8 };
 	static const int32_t dims[] = { 64, 96, 128 }, groups[] = { 1, 2, 4 };
 	static const int32_t lens[] = { 700, 37, 300, 1 };
-	const int32_t heads = 2;
-	bool cpu;
 
 	(void)state;
-	kva__pf_t0_force(1);
-	assert_true(kva__pf_t0());
-	kva__pf_t0_force(0);
-	assert_false(kva__pf_t0());
-	kva__pf_t0_force(-1);
-	cpu = kva__pf_t0();
-	assert_true(kva__pf_t0() == cpu);
+	check_force(kva__pf_t0, kva__pf_t0_force);
 	if (kva_isa_best() < KVA_ISA_AVX512)
 		return;
 	for (unsigned d = 0; d < sizeof(dts) / sizeof(dts[0]); d++)
 		for (unsigned j = 0; j < sizeof(dims) / sizeof(dims[0]); j++)
 			for (unsigned gi = 0; gi < sizeof(groups) / sizeof(groups[0]); gi++)
 				for (int order = HND; order <= NHD; order++) {
-					const int32_t D = dims[j], qh = heads * groups[gi];
-					const size_t nq = 4 * (size_t)qh * D;
-					uint64_t rng = 77 + d * 9 + j * 3 + gi;
-					float *q = malloc(sizeof(float) * nq);
-					float *out[2] = { malloc(sizeof(float) * nq),
-							  malloc(sizeof(float) * nq) };
-					float lse[2][4 * 8];
-					int32_t pages = pages_for(lens, 4, 16);
-					struct cache c;
-					struct batch b;
+					struct two_ways w;
 
-					assert_non_null(q);
-					assert_non_null(out[0]);
-					assert_non_null(out[1]);
-					cache_make(&c, dts[d], pages, 16, heads, D, order, 0);
-					batch_make(&b, lens, 4, 16, pages, false, &rng);
-					fill(&c, &b, 1.0f, &rng);
-					for (size_t i = 0; i < nq; i++)
-						q[i] = frand(&rng);
-					for (int t0 = 0; t0 < 2; t0++) {
-						struct kva_decode_opts o = { .threads = 2,
-									     .split_tokens = 256,
-									     .isa = KVA_ISA_AVX512 };
-
-						kva__pf_t0_force(t0);
-						assert_int_equal(kva_decode(&c.kv, &b.pt, q, KVA_F32, qh,
-									    0.125f, out[t0], lse[t0], &o),
-								 0);
-					}
-					kva__pf_t0_force(-1);
-					if (memcmp(out[0], out[1], sizeof(float) * nq) ||
-					    memcmp(lse[0], lse[1], sizeof(float) * 4 * (size_t)qh))
+					two_ways_run(&w, dts[d], dims[j], groups[gi], order, lens,
+						     77 + d * 9 + j * 3 + gi, kva__pf_t0_force);
+					if (memcmp(w.out[0], w.out[1], sizeof(float) * w.nq) ||
+					    memcmp(w.lse[0], w.lse[1], sizeof(float) * 4 * (size_t)w.qh))
 						fail_msg("%s head_dim %d group %d %s: T0 and T1 differ",
-							 kva_dtype_name(dts[d]), D, groups[gi],
+							 kva_dtype_name(dts[d]), dims[j], groups[gi],
 							 order == HND ? "HND" : "NHD");
-					cache_free(&c);
-					batch_free(&b);
-					free(q);
-					free(out[0]);
-					free(out[1]);
+					two_ways_free(&w);
 				}
+}
+
+/* groups 3 and 4 scored sliced (0) or as dot products (1), on the AVX-512
+ * tile whatever the core (-1: the CPU's answers again) */
+static void force_sl_dot(int dot)
+{
+	kva__sl_dot_force(dot);
+	kva__avx512_split_force(dot < 0 ? -1 : 0);
 }
 
 /*
@@ -681,80 +719,43 @@ static void test_groups_3_and_4_score_the_same_either_way(void **state)
 	static const enum kva_dtype dts[] = { KVA_F32, KVA_F16, KVA_BF16, KVA_FP8_E4M3, KVA_INT8 };
 	static const int32_t dims[] = { 64, 80, 96, 128, 256 }, groups[] = { 3, 4 };
 	static const int32_t lens[] = { 701, 38, 299, 1 };
-	const int32_t heads = 2;
-	bool cpu;
 
 	(void)state;
-	kva__sl_dot_force(1);
-	assert_true(kva__sl_dot());
-	kva__sl_dot_force(0);
-	assert_false(kva__sl_dot());
-	kva__sl_dot_force(-1);
-	cpu = kva__sl_dot();
-	assert_true(kva__sl_dot() == cpu);
+	check_force(kva__sl_dot, kva__sl_dot_force);
 	if (kva_isa_best() < KVA_ISA_AVX512)
 		return;
 	for (unsigned d = 0; d < sizeof(dts) / sizeof(dts[0]); d++)
 		for (unsigned j = 0; j < sizeof(dims) / sizeof(dims[0]); j++)
 			for (unsigned gi = 0; gi < sizeof(groups) / sizeof(groups[0]); gi++)
 				for (int order = HND; order <= NHD; order++) {
-					const int32_t D = dims[j], qh = heads * groups[gi];
-					const size_t nq = 4 * (size_t)qh * D;
-					uint64_t rng = 91 + d * 11 + j * 5 + gi;
-					float *q = malloc(sizeof(float) * nq);
-					float *out[2] = { malloc(sizeof(float) * nq),
-							  malloc(sizeof(float) * nq) };
-					float lse[2][4 * 8], diff = 0.0f;
-					double *ref = malloc(sizeof(double) * nq), rlse[4 * 8];
-					int32_t pages = pages_for(lens, 4, 16);
-					struct cache c;
-					struct batch b;
+					const int32_t D = dims[j];
+					struct two_ways w;
+					double *ref, rlse[4 * 8];
+					float diff = 0.0f;
 
-					assert_non_null(q);
-					assert_non_null(out[0]);
-					assert_non_null(out[1]);
-					assert_non_null(ref);
-					cache_make(&c, dts[d], pages, 16, heads, D, order, 0);
-					batch_make(&b, lens, 4, 16, pages, false, &rng);
-					fill(&c, &b, 1.0f, &rng);
-					for (size_t i = 0; i < nq; i++)
-						q[i] = frand(&rng);
-					for (int dot = 0; dot < 2; dot++) {
-						struct kva_decode_opts o = { .threads = 2,
-									     .split_tokens = 256,
-									     .isa = KVA_ISA_AVX512 };
-
-						kva__sl_dot_force(dot);
-						kva__avx512_split_force(0); /* the AVX-512 tile for these groups */
-						assert_int_equal(kva_decode(&c.kv, &b.pt, q, KVA_F32, qh,
-									    0.125f, out[dot], lse[dot], &o),
-								 0);
-					}
-					kva__sl_dot_force(-1);
-					kva__avx512_split_force(-1);
-					for (size_t i = 0; i < nq; i++)
-						diff = fmaxf(diff, fabsf(out[0][i] - out[1][i]));
-					for (int i = 0; i < 4 * qh; i++)
-						diff = fmaxf(diff, fabsf(lse[0][i] - lse[1][i]));
+					two_ways_run(&w, dts[d], D, groups[gi], order, lens,
+						     91 + d * 11 + j * 5 + gi, force_sl_dot);
+					for (size_t i = 0; i < w.nq; i++)
+						diff = fmaxf(diff, fabsf(w.out[0][i] - w.out[1][i]));
+					for (int i = 0; i < 4 * w.qh; i++)
+						diff = fmaxf(diff, fabsf(w.lse[0][i] - w.lse[1][i]));
 					if (!(diff <= 2e-5f))
 						fail_msg("%s head_dim %d group %d %s: dot products and sliced "
 							 "differ by %g",
 							 kva_dtype_name(dts[d]), D, groups[gi],
 							 order == HND ? "HND" : "NHD", (double)diff);
-					reference(&c, &b, q, qh, 0.125, ref, rlse);
+					ref = malloc(sizeof(double) * w.nq);
+					assert_non_null(ref);
+					reference(&w.c, &w.b, w.q, w.qh, 0.125, ref, rlse);
 					for (int dot = 0; dot < 2; dot++)
-						if (!(worst(out[dot], ref, 4 * (size_t)qh, D) <=
+						if (!(worst(w.out[dot], ref, 4 * (size_t)w.qh, D) <=
 						      tolerance(dts[d])))
 							fail_msg("%s head_dim %d group %d, %s: error %.3g",
 								 kva_dtype_name(dts[d]), D, groups[gi],
 								 dot ? "dot products" : "sliced",
-								 worst(out[dot], ref, 4 * (size_t)qh, D));
+								 worst(w.out[dot], ref, 4 * (size_t)w.qh, D));
 					free(ref);
-					cache_free(&c);
-					batch_free(&b);
-					free(q);
-					free(out[0]);
-					free(out[1]);
+					two_ways_free(&w);
 				}
 }
 
@@ -2255,42 +2256,42 @@ static int setup(void **state)
 	return 0;
 }
 
+/* the choice @ask makes on this CPU forced the other way; the CPU's */
+static bool flip(bool (*ask)(void), void (*force)(int))
+{
+	bool cpu;
+
+	force(-1);
+	cpu = ask();
+	force(!cpu);
+	return cpu;
+}
+
 /* the decode tests with the AVX-512 tiles chosen as on the other kind of core */
 static int setup_other_split(void **state)
 {
-	bool split;
+	bool split = flip(kva__avx512_split, kva__avx512_split_force);
 
-	kva__avx512_split_force(-1);
-	split = kva__avx512_split();
-	kva__avx512_split_force(!split);
 	fprintf(stderr, "  AVX-512 path as on a core that %s 512-bit operations (this one %s)\n",
 		split ? "does not split" : "splits", split ? "splits them" : "does not");
 	return setup(state);
 }
 
-static int teardown_other_split(void **state)
-{
-	(void)state;
-	kva__avx512_split_force(-1);
-	return 0;
-}
-
 /* ... and with its groups of 3 and 4 scored the other way (kva__sl_dot) */
 static int setup_other_dot(void **state)
 {
-	bool dot;
+	bool dot = flip(kva__sl_dot, kva__sl_dot_force);
 
-	kva__sl_dot_force(-1);
-	dot = kva__sl_dot();
-	kva__sl_dot_force(!dot);
 	fprintf(stderr, "  AVX-512 groups 3 and 4 scored %s (this CPU: %s)\n",
 		dot ? "sliced" : "as dot products", dot ? "dot products" : "sliced");
 	return setup(state);
 }
 
-static int teardown_other_dot(void **state)
+/* every choice the CPU's again */
+static int teardown_forces(void **state)
 {
 	(void)state;
+	kva__avx512_split_force(-1);
 	kva__sl_dot_force(-1);
 	return 0;
 }
@@ -2369,13 +2370,13 @@ int main(void)
 		};
 
 		failed += cmocka_run_group_tests_name("kernels, AVX-512 split the other way", other,
-						      setup_other_split, teardown_other_split);
+						      setup_other_split, teardown_forces);
 		/* where the AVX-512 tile runs groups 3 and 4 (a core that does
 		 * not split), the same with them scored the other way */
 		if (!kva__avx512_split())
 			failed += cmocka_run_group_tests_name(
 				"kernels, AVX-512 groups 3 and 4 scored the other way", other,
-				setup_other_dot, teardown_other_dot);
+				setup_other_dot, teardown_forces);
 	}
 	return failed;
 }
