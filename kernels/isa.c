@@ -375,8 +375,8 @@ int32_t kva_cpu_prefetch_kept(void)
  * of sums reduced together) rather than sliced: on AMD family 1Ah (Zen
  * 5), where the sliced FMA's 4-float broadcast runs at two thirds of an
  * FMA's rate. Paired on Zen 5 (family 26 model 2, KVM, 2 threads, f16,
- * head_dim 128; doc/figures.md, thirty-third session): 1.05-1.10x as fast
- * out of cache, 1.17-1.18x on one page. Other CPUs stay sliced: the
+ * head_dim 128; doc/figures.md, thirty-third session): 1.06-1.11x as fast
+ * out of cache, 1.21x on one page. Other CPUs stay sliced: the
  * sliced design came from Intel Xeon family 6 model 207, whose shuffles
  * share a port with its 512-bit FMAs (a dot product's reduction takes
  * about 2 of them a score), and Zen 4 runs the AVX2 tile for these

@@ -9,7 +9,9 @@
  * converted once for the whole group, W = 16 / GP
  * consecutive elements of a row broadcast to every head, no dot-product
  * reductions; their softmax runs lane by lane over every head at once, and
- * the output takes every head of the group for each V chunk converted.
+ * the output takes every head of the group for each V chunk converted. On
+ * Zen 5 groups 3 and 4 score as dot products instead, into the same lanes
+ * (g4_scores, kva__sl_dot).
  *
  * Groups of 1, 2, 5, 9-11 (and past 16) score dot products: a block of
  * tokens x query heads 16 at a time (16 tokens x 1 head, 8 x 2 or 4 x 4: each K
@@ -586,11 +588,11 @@ AI void sl_scores(const struct kva__tile *t, const struct kva__rows *bk, struct 
  * throwaway loop over one block in L1 (family 26 model 2, gcc -O3), 24
  * tokens' scores at head_dim 128 took 148 ns this way against 244 sliced
  * (at group 8 and its 2 x 8 sums, 353 against 413, and 682 against 720
- * at 16 x 1). Paired in the tile (kvarena-ab, f16, head_dim 128, 2
- * threads; doc/figures.md, thirty-third session): groups 3 and 4
- * 1.05-1.10x as fast out of cache and 1.17-1.18x on one page; groups 6,
- * 8 and 16 0.92-0.98 out of cache (1.00-1.06 and 0.96 on one page), which
- * stay sliced.
+ * at 16 x 1). Paired in the tile (kvarena-ab, f16, head_dim 128, 8 KV
+ * heads, 2 threads, both orders; doc/figures.md, thirty-third session):
+ * group 4 1.06-1.11x as fast out of cache and 1.21x on one page, group 3
+ * 1.06-1.08x; groups 6, 8 and 16 so scored read 0.90-0.99 out of cache
+ * (8 1.00-1.06 and 16 0.96 on one page) and stay sliced.
  */
 AI void g4_scores(const struct kva__tile *t, const struct kva__rows *bk, struct kva__pfq *pq,
 		  size_t hoff, int i, float *s, const enum kva_dtype dt, int NC)
