@@ -158,6 +158,33 @@ void kva__pf_t0_force(int yes)
 	cpu_answer_force(&t0, yes);
 }
 
+/*
+ * Whether the AVX-512 tile's groups of 3 and 4 score by dot products (its
+ * g4_scores: each K chunk converted into a register, 4 tokens x 4 heads
+ * of sums reduced together) rather than sliced: on AMD family 1Ah (Zen
+ * 5), where the sliced FMA's 4-float broadcast runs at two thirds of an
+ * FMA's rate. Paired on Zen 5 (family 26 model 2, KVM, 2 threads, f16,
+ * head_dim 128; doc/figures.md, thirty-third session): 1.06-1.11x as fast
+ * out of cache, 1.21x on one page. Other CPUs stay sliced: the
+ * sliced design came from Intel Xeon family 6 model 207, whose shuffles
+ * share a port with its 512-bit FMAs (a dot product's reduction takes
+ * about 2 of them a score), and Zen 4 runs the AVX2 tile for these
+ * groups (kva__avx512_split). An answer of its own, though the same
+ * CPUs say yes, so that a test forces one choice and not the other.
+ * Asked once; a test may say otherwise (kva__sl_dot_force).
+ */
+static struct cpu_answer sl_dot = { .ask = cpu_is_zen5 };
+
+bool kva__sl_dot(void)
+{
+	return cpu_answer(&sl_dot);
+}
+
+void kva__sl_dot_force(int yes)
+{
+	cpu_answer_force(&sl_dot, yes);
+}
+
 enum kva_isa kva_isa_best(void)
 {
 	if (kva__isa_supported(KVA_ISA_AVX512))
@@ -367,30 +394,4 @@ int32_t kva_cpu_prefetch_kept(void)
 	}
 	atomic_flag_clear_explicit(&kept_busy, memory_order_release);
 	return v > 0 ? v : 0;
-}
-
-/*
- * Whether the AVX-512 tile's groups of 3 and 4 score by dot products (its
- * g4_scores: each K chunk converted into a register, 4 tokens x 4 heads
- * of sums reduced together) rather than sliced: on AMD family 1Ah (Zen
- * 5), where the sliced FMA's 4-float broadcast runs at two thirds of an
- * FMA's rate. Paired on Zen 5 (family 26 model 2, KVM, 2 threads, f16,
- * head_dim 128; doc/figures.md, thirty-third session): 1.06-1.11x as fast
- * out of cache, 1.21x on one page. Other CPUs stay sliced: the
- * sliced design came from Intel Xeon family 6 model 207, whose shuffles
- * share a port with its 512-bit FMAs (a dot product's reduction takes
- * about 2 of them a score), and Zen 4 runs the AVX2 tile for these
- * groups (kva__avx512_split). Asked once; a test may say otherwise
- * (kva__sl_dot_force).
- */
-static struct cpu_answer sl_dot = { .ask = cpu_is_zen5 };
-
-bool kva__sl_dot(void)
-{
-	return cpu_answer(&sl_dot);
-}
-
-void kva__sl_dot_force(int yes)
-{
-	cpu_answer_force(&sl_dot, yes);
 }

@@ -715,6 +715,8 @@ AI void sl_block(const struct kva__tile *t, const struct kva__rows *bk, struct k
 	struct kva__pfq pq;
 
 	kva__pfq_begin(pf, &pq, run, true);
+	/* sl_dot is only ever set with GP 4 (decode.c); W == 4 keeps
+	 * g4_scores out of the W 2 and W 1 instances */
 	if (W == 4 && t->sl_dot)
 		for (int i = 0; i < n; i += 4)
 			g4_scores(t, bk, &pq, hoff, i, s, dt, NC);

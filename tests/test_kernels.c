@@ -595,34 +595,37 @@ static void test_thread_count_changes_nothing(void **state)
 }
 
 /*
- * One cache and q decoded twice on the AVX-512 path (2 KV heads, 4
- * sequences of @lens, pages of 16 tokens), with @force(0) and then
- * @force(1) before each call and @force(-1) after: what the tests of a
- * choice the library makes by the CPU compare.
+ * The tests of a choice the library makes by the CPU: one cache and q
+ * decoded twice on the AVX-512 path (2 KV heads, 4 sequences of @lens,
+ * pages of 16 tokens), with @force(0) and then @force(1) before each call
+ * and @force(-1) after, for every dtype, each of @dims and @groups, HND
+ * and NHD; @check compares the two. Nothing to run without AVX-512.
  */
 struct two_ways {
+	enum kva_dtype dt;
+	int32_t D, group, qh;
+	int order;
 	struct cache c;
 	struct batch b;
 	float *q, *out[2];
 	float lse[2][4 * 8];
-	int32_t qh;
 	size_t nq;
 };
 
-static void two_ways_run(struct two_ways *w, enum kva_dtype dt, int32_t D, int32_t group,
-			 int order, const int32_t lens[4], uint64_t rng, void (*force)(int))
+static void two_ways_one(struct two_ways *w, const int32_t lens[4], uint64_t rng,
+			 void (*force)(int))
 {
 	const int32_t heads = 2, pages = pages_for(lens, 4, 16);
 
-	w->qh = heads * group;
-	w->nq = 4 * (size_t)w->qh * D;
+	w->qh = heads * w->group;
+	w->nq = 4 * (size_t)w->qh * w->D;
 	w->q = malloc(sizeof(float) * w->nq);
 	w->out[0] = malloc(sizeof(float) * w->nq);
 	w->out[1] = malloc(sizeof(float) * w->nq);
 	assert_non_null(w->q);
 	assert_non_null(w->out[0]);
 	assert_non_null(w->out[1]);
-	cache_make(&w->c, dt, pages, 16, heads, D, order, 0);
+	cache_make(&w->c, w->dt, pages, 16, heads, w->D, w->order, 0);
 	batch_make(&w->b, lens, 4, 16, pages, false, &rng);
 	fill(&w->c, &w->b, 1.0f, &rng);
 	for (size_t i = 0; i < w->nq; i++)
@@ -639,13 +642,38 @@ static void two_ways_run(struct two_ways *w, enum kva_dtype dt, int32_t D, int32
 	force(-1);
 }
 
-static void two_ways_free(struct two_ways *w)
+static void two_ways_each(const int32_t *dims, unsigned nd, const int32_t *groups, unsigned ng,
+			  const int32_t lens[4], uint64_t seed, void (*force)(int),
+			  void (*check)(const struct two_ways *w))
 {
-	cache_free(&w->c);
-	batch_free(&w->b);
-	free(w->q);
-	free(w->out[0]);
-	free(w->out[1]);
+	static const enum kva_dtype dts[] = { KVA_F32, KVA_F16, KVA_BF16, KVA_FP8_E4M3, KVA_INT8 };
+
+	if (kva_isa_best() < KVA_ISA_AVX512)
+		return;
+	for (unsigned d = 0; d < sizeof(dts) / sizeof(dts[0]); d++)
+		for (unsigned j = 0; j < nd; j++)
+			for (unsigned gi = 0; gi < ng; gi++)
+				for (int order = HND; order <= NHD; order++) {
+					struct two_ways w = { .dt = dts[d], .D = dims[j],
+							      .group = groups[gi], .order = order };
+
+					two_ways_one(&w, lens, seed + d * 11 + j * 5 + gi, force);
+					check(&w);
+					cache_free(&w.c);
+					batch_free(&w.b);
+					free(w.q);
+					free(w.out[0]);
+					free(w.out[1]);
+				}
+}
+
+static const char *two_ways_name(const struct two_ways *w)
+{
+	static char buf[64];
+
+	snprintf(buf, sizeof(buf), "%s head_dim %d group %d %s", kva_dtype_name(w->dt), w->D,
+		 w->group, w->order == HND ? "HND" : "NHD");
+	return buf;
 }
 
 /* a choice's force: yes, no, then the CPU's own answer, the same each time */
@@ -662,6 +690,13 @@ static void check_force(bool (*ask)(void), void (*force)(int))
 	assert_true(ask() == cpu);
 }
 
+static void check_same_bits(const struct two_ways *w)
+{
+	if (memcmp(w->out[0], w->out[1], sizeof(float) * w->nq) ||
+	    memcmp(w->lse[0], w->lse[1], sizeof(float) * 4 * (size_t)w->qh))
+		fail_msg("%s: T0 and T1 differ", two_ways_name(w));
+}
+
 /*
  * The AVX-512 tile's prefetch hint (T0 on Zen 5, T1 elsewhere: kva__pf_t0)
  * changes when lines arrive, never what is computed: groups 1 and 2 at
@@ -672,29 +707,12 @@ static void check_force(bool (*ask)(void), void (*force)(int))
  */
 static void test_prefetch_hint_changes_nothing(void **state)
 {
-	static const enum kva_dtype dts[] = { KVA_F32, KVA_F16, KVA_BF16, KVA_FP8_E4M3, KVA_INT8 };
 	static const int32_t dims[] = { 64, 96, 128 }, groups[] = { 1, 2, 4 };
 	static const int32_t lens[] = { 700, 37, 300, 1 };
 
 	(void)state;
 	check_force(kva__pf_t0, kva__pf_t0_force);
-	if (kva_isa_best() < KVA_ISA_AVX512)
-		return;
-	for (unsigned d = 0; d < sizeof(dts) / sizeof(dts[0]); d++)
-		for (unsigned j = 0; j < sizeof(dims) / sizeof(dims[0]); j++)
-			for (unsigned gi = 0; gi < sizeof(groups) / sizeof(groups[0]); gi++)
-				for (int order = HND; order <= NHD; order++) {
-					struct two_ways w;
-
-					two_ways_run(&w, dts[d], dims[j], groups[gi], order, lens,
-						     77 + d * 9 + j * 3 + gi, kva__pf_t0_force);
-					if (memcmp(w.out[0], w.out[1], sizeof(float) * w.nq) ||
-					    memcmp(w.lse[0], w.lse[1], sizeof(float) * 4 * (size_t)w.qh))
-						fail_msg("%s head_dim %d group %d %s: T0 and T1 differ",
-							 kva_dtype_name(dts[d]), dims[j], groups[gi],
-							 order == HND ? "HND" : "NHD");
-					two_ways_free(&w);
-				}
+	two_ways_each(dims, 3, groups, 3, lens, 77, kva__pf_t0_force, check_same_bits);
 }
 
 /* groups 3 and 4 scored sliced (0) or as dot products (1), on the AVX-512
@@ -705,58 +723,46 @@ static void force_sl_dot(int dot)
 	kva__avx512_split_force(dot < 0 ? -1 : 0);
 }
 
+/* the two within 2e-5 of each other (their sums' order differs), and each
+ * within its dtype's tolerance of the reference */
+static void check_close(const struct two_ways *w)
+{
+	double *ref = malloc(sizeof(double) * w->nq), rlse[4 * 8];
+	float diff = 0.0f;
+
+	assert_non_null(ref);
+	for (size_t i = 0; i < w->nq; i++)
+		diff = fmaxf(diff, fabsf(w->out[0][i] - w->out[1][i]));
+	for (int i = 0; i < 4 * w->qh; i++)
+		diff = fmaxf(diff, fabsf(w->lse[0][i] - w->lse[1][i]));
+	if (!(diff <= 2e-5f))
+		fail_msg("%s: dot products and sliced differ by %g", two_ways_name(w),
+			 (double)diff);
+	reference(&w->c, &w->b, w->q, w->qh, 0.125, ref, rlse);
+	for (int dot = 0; dot < 2; dot++)
+		if (!(worst(w->out[dot], ref, 4 * (size_t)w->qh, w->D) <= tolerance(w->dt)))
+			fail_msg("%s, %s: error %.3g", two_ways_name(w),
+				 dot ? "dot products" : "sliced",
+				 worst(w->out[dot], ref, 4 * (size_t)w->qh, w->D));
+	free(ref);
+}
+
 /*
  * The AVX-512 tile's groups of 3 and 4 score as dot products on Zen 5 and
  * sliced elsewhere (kva__sl_dot): both, every dtype, head_dims 64 to 256
  * (80 and 96: chunks past the slices' multiple), HND and NHD, lengths with
- * a block's last 1 to 3 tokens, against each other (the sums' order
- * differs: close, not bit for bit) and against the reference; and the
- * force's semantics. The main suites check whichever this CPU runs, and
- * main() runs them again with the choice the other way.
+ * a block's last 1 to 3 tokens, against each other and against the
+ * reference; and the force's semantics. The main suites check whichever
+ * this CPU runs, and main() runs them again with the choice the other way.
  */
 static void test_groups_3_and_4_score_the_same_either_way(void **state)
 {
-	static const enum kva_dtype dts[] = { KVA_F32, KVA_F16, KVA_BF16, KVA_FP8_E4M3, KVA_INT8 };
 	static const int32_t dims[] = { 64, 80, 96, 128, 256 }, groups[] = { 3, 4 };
 	static const int32_t lens[] = { 701, 38, 299, 1 };
 
 	(void)state;
 	check_force(kva__sl_dot, kva__sl_dot_force);
-	if (kva_isa_best() < KVA_ISA_AVX512)
-		return;
-	for (unsigned d = 0; d < sizeof(dts) / sizeof(dts[0]); d++)
-		for (unsigned j = 0; j < sizeof(dims) / sizeof(dims[0]); j++)
-			for (unsigned gi = 0; gi < sizeof(groups) / sizeof(groups[0]); gi++)
-				for (int order = HND; order <= NHD; order++) {
-					const int32_t D = dims[j];
-					struct two_ways w;
-					double *ref, rlse[4 * 8];
-					float diff = 0.0f;
-
-					two_ways_run(&w, dts[d], D, groups[gi], order, lens,
-						     91 + d * 11 + j * 5 + gi, force_sl_dot);
-					for (size_t i = 0; i < w.nq; i++)
-						diff = fmaxf(diff, fabsf(w.out[0][i] - w.out[1][i]));
-					for (int i = 0; i < 4 * w.qh; i++)
-						diff = fmaxf(diff, fabsf(w.lse[0][i] - w.lse[1][i]));
-					if (!(diff <= 2e-5f))
-						fail_msg("%s head_dim %d group %d %s: dot products and sliced "
-							 "differ by %g",
-							 kva_dtype_name(dts[d]), D, groups[gi],
-							 order == HND ? "HND" : "NHD", (double)diff);
-					ref = malloc(sizeof(double) * w.nq);
-					assert_non_null(ref);
-					reference(&w.c, &w.b, w.q, w.qh, 0.125, ref, rlse);
-					for (int dot = 0; dot < 2; dot++)
-						if (!(worst(w.out[dot], ref, 4 * (size_t)w.qh, D) <=
-						      tolerance(dts[d])))
-							fail_msg("%s head_dim %d group %d, %s: error %.3g",
-								 kva_dtype_name(dts[d]), D, groups[gi],
-								 dot ? "dot products" : "sliced",
-								 worst(w.out[dot], ref, 4 * (size_t)w.qh, D));
-					free(ref);
-					two_ways_free(&w);
-				}
+	two_ways_each(dims, 5, groups, 2, lens, 91, force_sl_dot, check_close);
 }
 
 /*
