@@ -36,6 +36,7 @@ struct plan {
 	bool pf_queue;             /* struct kva__tile's */
 	bool pf_t0;                /* struct kva__tile's */
 	bool sl_dot;               /* struct kva__tile's; q [heads][4][head_dim] */
+	bool one_cols;             /* struct kva__tile's */
 	int32_t split_tokens, max_splits;
 	int32_t span, spans;       /* KV heads per tile, tiles per split */
 	/* per sequence: its first tile, its split length and count */
@@ -312,6 +313,7 @@ static bool tile_at(const struct plan *p, uint32_t tile, struct kva__tile *t)
 		.pf_queue = p->pf_queue,
 		.pf_t0 = p->pf_t0,
 		.sl_dot = p->sl_dot,
+		.one_cols = p->one_cols,
 	};
 	return t->t0 < t->t1;
 }
@@ -457,12 +459,13 @@ int kva_decode(const struct kva_kv_desc *kv, const struct kva_page_table *pt, co
 	p.axpy = p.tile == kva__tile_avx512 ? kva__axpy_avx512
 		 : p.tile == kva__tile_avx2 ? kva__axpy_avx2 : axpy_scalar;
 	/* the AVX2 tile's steps and cursor, for this CPU unless the caller
-	 * chose the step */
+	 * chose the step, and the order of its one-head scores */
 	p.one_step = o.pf_step ? o.pf_step : KVA__BLOCK_TOKENS;
 	if (p.tile == kva__tile_avx2) {
 		const int32_t kept = kva_cpu_prefetch_kept();
 
 		p.pf_queue = kva__pf_queues(kept);
+		p.one_cols = kva__avx2_cols();
 		if (!o.pf_step)
 			p.one_step = kva__avx2_one_step(kv->dtype, kv->head_dim,
 							num_q_heads / kv->num_kv_heads, kept);

@@ -185,6 +185,37 @@ void kva__sl_dot_force(int yes)
 	cpu_answer_force(&sl_dot, yes);
 }
 
+/*
+ * Whether the AVX2 tile's one-head scores (group 1, and a group's last
+ * head at groups 5, 9, 13, ...) take 12 rows a chunk at a time, q's chunk
+ * in a register (tile_avx2.c, score_body), rather than 2 rows from start
+ * to end: on AMD family 1Ah (Zen 5), at element sizes of 2 bytes or less.
+ * The 2 rows came from Zen 3 (twelfth session), which drops the
+ * prefetches it cannot start, so the tile's own loads went to the
+ * hardware prefetcher, and over 12 rows at once read 0.69-0.76 of the
+ * sweep where 2 rows read 0.79-0.88. Paired on Zen 5 (family 26 model 2,
+ * KVM, `kvarena-ab --isa avx2 --group 1`, both orders, 2 threads;
+ * doc/figures.md, thirty-fourth session), 12 rows read group 1 f16
+ * head_dim 128 1.03-1.09x as fast out of cache and 1.08-1.14x on one
+ * page, fp8 1.04-1.08x, int8 1.04-1.07x, bf16 0.99-1.05x, head_dim 64
+ * 0.99-1.08x, 96 1.07-1.10x, 256 1.03-1.05x, NHD pages 1.02-1.03x, group
+ * 5 1.00-1.05x, one thread 1.05-1.12x; f32 (32-byte chunks) 0.89-0.96 out
+ * of cache though 1.16-1.20x on one page, so f32 keeps 2 rows. Other
+ * CPUs are not measured with it and keep 2 rows. Asked once; a test may
+ * say otherwise (kva__avx2_cols_force).
+ */
+static struct cpu_answer cols = { .ask = cpu_is_zen5 };
+
+bool kva__avx2_cols(void)
+{
+	return cpu_answer(&cols);
+}
+
+void kva__avx2_cols_force(int yes)
+{
+	cpu_answer_force(&cols, yes);
+}
+
 enum kva_isa kva_isa_best(void)
 {
 	if (kva__isa_supported(KVA_ISA_AVX512))

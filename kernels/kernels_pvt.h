@@ -72,6 +72,11 @@ struct kva__tile {
 	 * where it is faster (kva__sl_dot), score by dot products (its
 	 * g4_scores): q is then [heads][4][head_dim], a pad head's row 0 */
 	bool sl_dot;
+	/* the AVX2 tile's one-head scores (group 1, a group's last head), on a
+	 * CPU that reads faster so (kva__avx2_cols), at element sizes of 2
+	 * bytes or less: 12 rows a chunk at a time, not 2 rows from start to
+	 * end (tile_avx2.c, score_body) */
+	bool one_cols;
 };
 
 /*
@@ -910,5 +915,10 @@ void kva__pf_t0_force(int t0);
  * this CPU (Zen 5), not sliced (isa.c); kva__sl_dot_force as above */
 bool kva__sl_dot(void);
 void kva__sl_dot_force(int dot);
+/* whether the AVX2 tile scores one head 12 rows a chunk at a time on this
+ * CPU (Zen 5), not 2 rows from start to end (isa.c); kva__avx2_cols_force
+ * as above */
+bool kva__avx2_cols(void);
+void kva__avx2_cols_force(int cols);
 
 #endif /* KVA_KERNELS_PVT_H */

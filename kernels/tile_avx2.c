@@ -12,7 +12,8 @@
  *   scores      3 tokens x 4 heads: 3 K chunks in registers, q from memory
  *               6 x 2: q chunks in registers, K chunks in turn
  *               one head: 2 tokens at a time, each K row from start to
- *               end into 6 partial sums, q from memory
+ *               end into 6 partial sums, q from memory; or, on a CPU
+ *               where it is faster (t->one_cols), 12 x 1 as 6 x 2 is
  *   output      4 heads x 3 chunks: the chunks converted once into three
  *               registers, each head's p broadcast into the sixteenth;
  *               2 heads x 4: the V chunks loaded in turn
@@ -191,7 +192,7 @@ AI void score_body(const struct kva__tile *t, const struct kva__rows *bk, size_t
 		a[j] = _mm256_setzero_ps();
 	for (int tt = 0; tt < nt; tt++)
 		kr[tt] = bk->k[i + tt] + hoff;
-	if (TB == 12 && GB == 1 && nt == TB && ng == GB) {
+	if (TB == 12 && GB == 1 && nt == TB && ng == GB && !(esize <= 2 && t->one_cols)) {
 		/*
 		 * One head: two tokens at a time, each K row read from its
 		 * start to its end into 6 partial sums (12 accumulators, q from
@@ -199,7 +200,12 @@ AI void score_body(const struct kva__tile *t, const struct kva__rows *bk, size_t
 		 * Zen 3 (AVX2, f16), as the median of 7-10 runs alternating
 		 * with other builds: over 12 rows at once it read 0.69-0.76 of
 		 * the sweep, over 6 0.68, 3 0.77-0.80, 2 0.79-0.88 and 1 0.72
-		 * (doc/figures.md, twelfth session).
+		 * (doc/figures.md, twelfth session). Where the CPU says so
+		 * (t->one_cols: Zen 5, kva__avx2_cols) and a chunk is 16 bytes
+		 * or less, the 12 rows below, q's chunk in a register: group
+		 * 1 f16 1.03-1.09x as fast out of cache there, 1.08-1.14x on
+		 * one page; at f32 0.89-0.96 out of cache (doc/figures.md,
+		 * thirty-fourth session).
 		 */
 		__m256 sum[12];
 
@@ -297,7 +303,7 @@ AI void score_body(const struct kva__tile *t, const struct kva__rows *bk, size_t
 		_mm_storeu_ps(&s[g0 + 3][i], c3);
 		return;
 	}
-	if (TB == 12 && GB == 1 && nt == TB && ng == GB) {
+	if (TB == 12 && GB == 1 && nt == TB && ng == GB) { /* 12 rows a chunk at a time */
 		_mm256_storeu_ps(&s[g0][i], reduce8(a));
 		_mm_storeu_ps(&s[g0][i + 8], reduce4(a + 8));
 		return;

@@ -595,28 +595,47 @@ static void test_thread_count_changes_nothing(void **state)
 }
 
 /*
- * The tests of a choice the library makes by the CPU: one cache and q
- * decoded twice on the AVX-512 path (2 KV heads, 4 sequences of @lens,
- * pages of 16 tokens), with @force(0) and then @force(1) before each call
- * and @force(-1) after, for every dtype, each of @dims and @groups, HND
- * and NHD; @check compares the two. Nothing to run without AVX-512.
+ * The tests of a choice the library makes by the CPU (struct choice): its
+ * force's semantics (check_force), then one cache and q decoded twice on
+ * the choice's path (2 KV heads, 4 sequences of its lengths, pages of 16
+ * tokens), with way(0) and then way(1) before each call and way(-1)
+ * after, for every dtype, each of its head_dims and groups (up to
+ * TWO_WAYS_GROUP), HND and NHD; its check compares the two. Nothing to
+ * run where the CPU has no such path.
  */
+#define TWO_WAYS_GROUP 16
+
+struct two_ways;
+
+struct choice {
+	enum kva_isa isa;               /* the path it is made on */
+	bool (*ask)(void);              /* the CPU's answer (isa.c) */
+	void (*force)(int);             /* its force: 1 yes, 0 no, -1 the CPU's */
+	void (*way)(int);               /* what makes the path take way 0 or 1 */
+	const char *ways[2];            /* way 0's and way 1's names, for messages */
+	int32_t dims[6], groups[4];     /* head_dims and groups, 0-terminated */
+	int32_t lens[4];
+	uint64_t seed;
+	void (*check)(const struct two_ways *w);
+};
+
 struct two_ways {
+	const struct choice *ch;
 	enum kva_dtype dt;
 	int32_t D, group, qh;
 	int order;
 	struct cache c;
 	struct batch b;
 	float *q, *out[2];
-	float lse[2][4 * 8];
+	float lse[2][4 * 2 * TWO_WAYS_GROUP];
 	size_t nq;
 };
 
-static void two_ways_one(struct two_ways *w, const int32_t lens[4], uint64_t rng,
-			 void (*force)(int))
+static void two_ways_one(struct two_ways *w, uint64_t rng)
 {
-	const int32_t heads = 2, pages = pages_for(lens, 4, 16);
+	const int32_t heads = 2, pages = pages_for(w->ch->lens, 4, 16);
 
+	assert_true(w->group <= TWO_WAYS_GROUP);
 	w->qh = heads * w->group;
 	w->nq = 4 * (size_t)w->qh * w->D;
 	w->q = malloc(sizeof(float) * w->nq);
@@ -626,39 +645,52 @@ static void two_ways_one(struct two_ways *w, const int32_t lens[4], uint64_t rng
 	assert_non_null(w->out[0]);
 	assert_non_null(w->out[1]);
 	cache_make(&w->c, w->dt, pages, 16, heads, w->D, w->order, 0);
-	batch_make(&w->b, lens, 4, 16, pages, false, &rng);
+	batch_make(&w->b, w->ch->lens, 4, 16, pages, false, &rng);
 	fill(&w->c, &w->b, 1.0f, &rng);
 	for (size_t i = 0; i < w->nq; i++)
 		w->q[i] = frand(&rng);
 	for (int way = 0; way < 2; way++) {
 		struct kva_decode_opts o = { .threads = 2, .split_tokens = 256,
-					     .isa = KVA_ISA_AVX512 };
+					     .isa = w->ch->isa };
 
-		force(way);
+		w->ch->way(way);
 		assert_int_equal(kva_decode(&w->c.kv, &w->b.pt, w->q, KVA_F32, w->qh, 0.125f,
 					    w->out[way], w->lse[way], &o),
 				 0);
 	}
-	force(-1);
+	w->ch->way(-1);
 }
 
-static void two_ways_each(const int32_t *dims, unsigned nd, const int32_t *groups, unsigned ng,
-			  const int32_t lens[4], uint64_t seed, void (*force)(int),
-			  void (*check)(const struct two_ways *w))
+/* a choice's force: yes, no, then the CPU's own answer, the same each time */
+static void check_force(bool (*ask)(void), void (*force)(int))
+{
+	bool cpu;
+
+	force(1);
+	assert_true(ask());
+	force(0);
+	assert_false(ask());
+	force(-1);
+	cpu = ask();
+	assert_true(ask() == cpu);
+}
+
+static void check_choice(const struct choice *ch)
 {
 	static const enum kva_dtype dts[] = { KVA_F32, KVA_F16, KVA_BF16, KVA_FP8_E4M3, KVA_INT8 };
 
-	if (kva_isa_best() < KVA_ISA_AVX512)
+	check_force(ch->ask, ch->force);
+	if (kva_isa_best() < ch->isa)
 		return;
 	for (unsigned d = 0; d < sizeof(dts) / sizeof(dts[0]); d++)
-		for (unsigned j = 0; j < nd; j++)
-			for (unsigned gi = 0; gi < ng; gi++)
+		for (unsigned j = 0; ch->dims[j]; j++)
+			for (unsigned gi = 0; ch->groups[gi]; gi++)
 				for (int order = HND; order <= NHD; order++) {
-					struct two_ways w = { .dt = dts[d], .D = dims[j],
-							      .group = groups[gi], .order = order };
+					struct two_ways w = { .ch = ch, .dt = dts[d], .D = ch->dims[j],
+							      .group = ch->groups[gi], .order = order };
 
-					two_ways_one(&w, lens, seed + d * 11 + j * 5 + gi, force);
-					check(&w);
+					two_ways_one(&w, ch->seed + d * 11 + j * 5 + gi);
+					ch->check(&w);
 					cache_free(&w.c);
 					batch_free(&w.b);
 					free(w.q);
@@ -676,25 +708,11 @@ static const char *two_ways_name(const struct two_ways *w)
 	return buf;
 }
 
-/* a choice's force: yes, no, then the CPU's own answer, the same each time */
-static void check_force(bool (*ask)(void), void (*force)(int))
-{
-	bool cpu;
-
-	force(1);
-	assert_true(ask());
-	force(0);
-	assert_false(ask());
-	force(-1);
-	cpu = ask();
-	assert_true(ask() == cpu);
-}
-
 static void check_same_bits(const struct two_ways *w)
 {
 	if (memcmp(w->out[0], w->out[1], sizeof(float) * w->nq) ||
 	    memcmp(w->lse[0], w->lse[1], sizeof(float) * 4 * (size_t)w->qh))
-		fail_msg("%s: T0 and T1 differ", two_ways_name(w));
+		fail_msg("%s: %s and %s differ", two_ways_name(w), w->ch->ways[0], w->ch->ways[1]);
 }
 
 /*
@@ -707,12 +725,13 @@ static void check_same_bits(const struct two_ways *w)
  */
 static void test_prefetch_hint_changes_nothing(void **state)
 {
-	static const int32_t dims[] = { 64, 96, 128 }, groups[] = { 1, 2, 4 };
-	static const int32_t lens[] = { 700, 37, 300, 1 };
+	static const struct choice t0 = {
+		KVA_ISA_AVX512, kva__pf_t0, kva__pf_t0_force, kva__pf_t0_force, { "T1", "T0" },
+		{ 64, 96, 128 }, { 1, 2, 4 }, { 700, 37, 300, 1 }, 77, check_same_bits,
+	};
 
 	(void)state;
-	check_force(kva__pf_t0, kva__pf_t0_force);
-	two_ways_each(dims, 3, groups, 3, lens, 77, kva__pf_t0_force, check_same_bits);
+	check_choice(&t0);
 }
 
 /* groups 3 and 4 scored sliced (0) or as dot products (1), on the AVX-512
@@ -727,7 +746,7 @@ static void force_sl_dot(int dot)
  * within its dtype's tolerance of the reference */
 static void check_close(const struct two_ways *w)
 {
-	double *ref = malloc(sizeof(double) * w->nq), rlse[4 * 8];
+	double *ref = malloc(sizeof(double) * w->nq), rlse[4 * 2 * TWO_WAYS_GROUP];
 	float diff = 0.0f;
 
 	assert_non_null(ref);
@@ -736,14 +755,13 @@ static void check_close(const struct two_ways *w)
 	for (int i = 0; i < 4 * w->qh; i++)
 		diff = fmaxf(diff, fabsf(w->lse[0][i] - w->lse[1][i]));
 	if (!(diff <= 2e-5f))
-		fail_msg("%s: dot products and sliced differ by %g", two_ways_name(w),
-			 (double)diff);
+		fail_msg("%s: %s and %s differ by %g", two_ways_name(w), w->ch->ways[0],
+			 w->ch->ways[1], (double)diff);
 	reference(&w->c, &w->b, w->q, w->qh, 0.125, ref, rlse);
-	for (int dot = 0; dot < 2; dot++)
-		if (!(worst(w->out[dot], ref, 4 * (size_t)w->qh, w->D) <= tolerance(w->dt)))
-			fail_msg("%s, %s: error %.3g", two_ways_name(w),
-				 dot ? "dot products" : "sliced",
-				 worst(w->out[dot], ref, 4 * (size_t)w->qh, w->D));
+	for (int way = 0; way < 2; way++)
+		if (!(worst(w->out[way], ref, 4 * (size_t)w->qh, w->D) <= tolerance(w->dt)))
+			fail_msg("%s, %s: error %.3g", two_ways_name(w), w->ch->ways[way],
+				 worst(w->out[way], ref, 4 * (size_t)w->qh, w->D));
 	free(ref);
 }
 
@@ -757,12 +775,36 @@ static void check_close(const struct two_ways *w)
  */
 static void test_groups_3_and_4_score_the_same_either_way(void **state)
 {
-	static const int32_t dims[] = { 64, 80, 96, 128, 256 }, groups[] = { 3, 4 };
-	static const int32_t lens[] = { 701, 38, 299, 1 };
+	static const struct choice dot = {
+		KVA_ISA_AVX512, kva__sl_dot, kva__sl_dot_force, force_sl_dot,
+		{ "sliced", "dot products" }, { 64, 80, 96, 128, 256 }, { 3, 4 }, { 701, 38, 299, 1 },
+		91, check_close,
+	};
 
 	(void)state;
-	check_force(kva__sl_dot, kva__sl_dot_force);
-	two_ways_each(dims, 5, groups, 2, lens, 91, force_sl_dot, check_close);
+	check_choice(&dot);
+}
+
+/*
+ * The AVX2 tile's one-head scores take 12 rows a chunk at a time on Zen 5
+ * and 2 rows from start to end elsewhere (kva__avx2_cols), f32 2 rows
+ * everywhere: both, every dtype, head_dims 64, 96 (the generic instance),
+ * 128 and 256, group 1 and group 5 (whose last head is scored as group 1
+ * is), HND and NHD, lengths that leave a 12-token step short (the shared
+ * tail) at a sequence's and a split's end, against each other and
+ * against the reference; and the force's semantics. main() runs the
+ * decode suites again with the choice the other way.
+ */
+static void test_one_head_scores_the_same_either_way(void **state)
+{
+	static const struct choice cols = {
+		KVA_ISA_AVX2, kva__avx2_cols, kva__avx2_cols_force, kva__avx2_cols_force,
+		{ "2 rows", "12 rows" }, { 64, 96, 128, 256 }, { 1, 5 }, { 700, 37, 301, 1 },
+		95, check_close,
+	};
+
+	(void)state;
+	check_choice(&cols);
 }
 
 /*
@@ -2293,12 +2335,23 @@ static int setup_other_dot(void **state)
 	return setup(state);
 }
 
+/* ... and with the AVX2 tile's one-head scores the other way (kva__avx2_cols) */
+static int setup_other_cols(void **state)
+{
+	bool cols = flip(kva__avx2_cols, kva__avx2_cols_force);
+
+	fprintf(stderr, "  AVX2 one-head scores over %s (this CPU: %s)\n",
+		cols ? "2 rows" : "12 rows", cols ? "12 rows" : "2 rows");
+	return setup(state);
+}
+
 /* every choice the CPU's again */
 static int teardown_forces(void **state)
 {
 	(void)state;
 	kva__avx512_split_force(-1);
 	kva__sl_dot_force(-1);
+	kva__avx2_cols_force(-1);
 	return 0;
 }
 
@@ -2320,6 +2373,7 @@ int main(void)
 		cmocka_unit_test(test_head_spans_change_nothing),
 		cmocka_unit_test(test_prefetch_hint_changes_nothing),
 		cmocka_unit_test(test_groups_3_and_4_score_the_same_either_way),
+		cmocka_unit_test(test_one_head_scores_the_same_either_way),
 		cmocka_unit_test(test_long_context_past_16k),
 		cmocka_unit_test(test_strides_nhd_hnd_and_padding),
 		cmocka_unit_test(test_prefetch_cursor_reads_the_block_in_address_order),
@@ -2350,31 +2404,35 @@ int main(void)
 	int failed = cmocka_run_group_tests_name("kernels", tests, setup, NULL);
 
 	/*
+	 * Choices the library makes by the CPU, each checked the other way
+	 * too, so that every tile's shapes meet the reference on any machine
+	 * with the path: the decode tests again (the other suites do not
+	 * depend on them).
+	 */
+	const struct CMUnitTest other[] = {
+		cmocka_unit_test(test_every_dtype_and_head_dim_matches_the_reference),
+		cmocka_unit_test(test_token_major_groups_every_dtype),
+		cmocka_unit_test(test_gqa_and_mqa_groups),
+		cmocka_unit_test(test_every_group_remainder_every_dtype_and_head_dim),
+		cmocka_unit_test(test_page_sizes_and_lengths_around_boundaries),
+		cmocka_unit_test(test_split_boundaries_and_split_invariance),
+		cmocka_unit_test(test_head_spans_change_nothing),
+		cmocka_unit_test(test_strides_nhd_hnd_and_padding),
+		cmocka_unit_test(test_every_pf_step_computes_the_same),
+		cmocka_unit_test(test_large_logits_groups_3_to_16),
+		cmocka_unit_test(test_half_precision_queries_and_outputs),
+		cmocka_unit_test(test_quantized_caches_are_close_to_what_was_stored),
+		cmocka_unit_test(test_fp8_nan_in_v_reaches_only_its_column),
+		cmocka_unit_test(test_fp8_nan_in_k_is_a_nan_as_in_f32),
+		cmocka_unit_test(test_decode_over_arena_blocks_in_both_layouts),
+	};
+
+	/*
 	 * Where the AVX-512 path runs, its groups of 3 to 8 run one tile or the
-	 * other by the core (kva__avx512_split): the decode tests again with
-	 * the choice the other way, so that both tiles are checked against the
-	 * reference on any AVX-512 machine; and its groups of 3 and 4 score
-	 * one way or the other by the CPU (kva__sl_dot): again, the other way.
+	 * other by the core (kva__avx512_split), and its groups of 3 and 4
+	 * score one way or the other by the CPU (kva__sl_dot).
 	 */
 	if (kva_isa_best() == KVA_ISA_AVX512) {
-		const struct CMUnitTest other[] = {
-			cmocka_unit_test(test_every_dtype_and_head_dim_matches_the_reference),
-			cmocka_unit_test(test_token_major_groups_every_dtype),
-			cmocka_unit_test(test_gqa_and_mqa_groups),
-			cmocka_unit_test(test_every_group_remainder_every_dtype_and_head_dim),
-			cmocka_unit_test(test_page_sizes_and_lengths_around_boundaries),
-			cmocka_unit_test(test_split_boundaries_and_split_invariance),
-			cmocka_unit_test(test_head_spans_change_nothing),
-			cmocka_unit_test(test_strides_nhd_hnd_and_padding),
-			cmocka_unit_test(test_every_pf_step_computes_the_same),
-			cmocka_unit_test(test_large_logits_groups_3_to_16),
-			cmocka_unit_test(test_half_precision_queries_and_outputs),
-			cmocka_unit_test(test_quantized_caches_are_close_to_what_was_stored),
-			cmocka_unit_test(test_fp8_nan_in_v_reaches_only_its_column),
-			cmocka_unit_test(test_fp8_nan_in_k_is_a_nan_as_in_f32),
-			cmocka_unit_test(test_decode_over_arena_blocks_in_both_layouts),
-		};
-
 		failed += cmocka_run_group_tests_name("kernels, AVX-512 split the other way", other,
 						      setup_other_split, teardown_forces);
 		/* where the AVX-512 tile runs groups 3 and 4 (a core that does
@@ -2384,5 +2442,10 @@ int main(void)
 				"kernels, AVX-512 groups 3 and 4 scored the other way", other,
 				setup_other_dot, teardown_forces);
 	}
+	/* where the AVX2 path runs, its one-head scores over 12 rows or 2 by
+	 * the CPU (kva__avx2_cols) */
+	if (kva_isa_best() >= KVA_ISA_AVX2)
+		failed += cmocka_run_group_tests_name("kernels, AVX2 one-head scores the other way",
+						      other, setup_other_cols, teardown_forces);
 	return failed;
 }
