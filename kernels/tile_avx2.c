@@ -13,7 +13,8 @@
  *               6 x 2: q chunks in registers, K chunks in turn
  *               one head: 2 tokens at a time, each K row from start to
  *               end into 6 partial sums, q from memory; or, on a CPU
- *               where it is faster (t->one_cols), 12 x 1 as 6 x 2 is
+ *               where it is faster (t->one_cols), 12 tokens a chunk at
+ *               a time, q's chunk in a register
  *   output      4 heads x 3 chunks: the chunks converted once into three
  *               registers, each head's p broadcast into the sixteenth;
  *               2 heads x 4: the V chunks loaded in turn
