@@ -617,6 +617,7 @@ struct choice {
 	int32_t lens[4];
 	uint64_t seed;
 	void (*check)(const struct two_ways *w);
+	const char *what;               /* the choice, for main()'s runs the other way */
 };
 
 struct two_ways {
@@ -728,6 +729,7 @@ static void test_prefetch_hint_changes_nothing(void **state)
 	static const struct choice t0 = {
 		KVA_ISA_AVX512, kva__pf_t0, kva__pf_t0_force, kva__pf_t0_force, { "T1", "T0" },
 		{ 64, 96, 128 }, { 1, 2, 4 }, { 700, 37, 300, 1 }, 77, check_same_bits,
+		"AVX-512 dot products' prefetch hint",
 	};
 
 	(void)state;
@@ -773,16 +775,16 @@ static void check_close(const struct two_ways *w)
  * reference; and the force's semantics. The main suites check whichever
  * this CPU runs, and main() runs them again with the choice the other way.
  */
+static const struct choice choice_sl_dot = {
+	KVA_ISA_AVX512, kva__sl_dot, kva__sl_dot_force, force_sl_dot,
+	{ "sliced", "dot products" }, { 64, 80, 96, 128, 256 }, { 3, 4 }, { 701, 38, 299, 1 },
+	91, check_close, "AVX-512 groups 3 and 4 scored",
+};
+
 static void test_groups_3_and_4_score_the_same_either_way(void **state)
 {
-	static const struct choice dot = {
-		KVA_ISA_AVX512, kva__sl_dot, kva__sl_dot_force, force_sl_dot,
-		{ "sliced", "dot products" }, { 64, 80, 96, 128, 256 }, { 3, 4 }, { 701, 38, 299, 1 },
-		91, check_close,
-	};
-
 	(void)state;
-	check_choice(&dot);
+	check_choice(&choice_sl_dot);
 }
 
 /*
@@ -795,16 +797,16 @@ static void test_groups_3_and_4_score_the_same_either_way(void **state)
  * against the reference; and the force's semantics. main() runs the
  * decode suites again with the choice the other way.
  */
+static const struct choice choice_cols = {
+	KVA_ISA_AVX2, kva__avx2_cols, kva__avx2_cols_force, kva__avx2_cols_force,
+	{ "2 rows", "12 rows" }, { 64, 96, 128, 256 }, { 1, 5 }, { 700, 37, 301, 1 },
+	95, check_close, "AVX2 one-head scores over",
+};
+
 static void test_one_head_scores_the_same_either_way(void **state)
 {
-	static const struct choice cols = {
-		KVA_ISA_AVX2, kva__avx2_cols, kva__avx2_cols_force, kva__avx2_cols_force,
-		{ "2 rows", "12 rows" }, { 64, 96, 128, 256 }, { 1, 5 }, { 700, 37, 301, 1 },
-		95, check_close,
-	};
-
 	(void)state;
-	check_choice(&cols);
+	check_choice(&choice_cols);
 }
 
 /*
@@ -2315,33 +2317,24 @@ static bool flip(bool (*ask)(void), void (*force)(int))
 	return cpu;
 }
 
-/* the decode tests with the AVX-512 tiles chosen as on the other kind of core */
-static int setup_other_split(void **state)
+/* the AVX-512 path's groups 3 to 8 on one tile or the other by the core
+ * (kva__avx512_split): a choice with no two-ways test of its own (the
+ * decode suites run with it either way are its test) */
+static const struct choice choice_split = {
+	.isa = KVA_ISA_AVX512, .ask = kva__avx512_split, .force = kva__avx512_split_force,
+	.ways = { "a core that does not split 512-bit operations", "a core that splits them" },
+	.what = "AVX-512 path's tiles as on",
+};
+
+/* the choice main() runs the decode suites with the other way */
+static const struct choice *other_way;
+
+static int setup_other_way(void **state)
 {
-	bool split = flip(kva__avx512_split, kva__avx512_split_force);
+	bool cpu = flip(other_way->ask, other_way->force);
 
-	fprintf(stderr, "  AVX-512 path as on a core that %s 512-bit operations (this one %s)\n",
-		split ? "does not split" : "splits", split ? "splits them" : "does not");
-	return setup(state);
-}
-
-/* ... and with its groups of 3 and 4 scored the other way (kva__sl_dot) */
-static int setup_other_dot(void **state)
-{
-	bool dot = flip(kva__sl_dot, kva__sl_dot_force);
-
-	fprintf(stderr, "  AVX-512 groups 3 and 4 scored %s (this CPU: %s)\n",
-		dot ? "sliced" : "as dot products", dot ? "dot products" : "sliced");
-	return setup(state);
-}
-
-/* ... and with the AVX2 tile's one-head scores the other way (kva__avx2_cols) */
-static int setup_other_cols(void **state)
-{
-	bool cols = flip(kva__avx2_cols, kva__avx2_cols_force);
-
-	fprintf(stderr, "  AVX2 one-head scores over %s (this CPU: %s)\n",
-		cols ? "2 rows" : "12 rows", cols ? "12 rows" : "2 rows");
+	fprintf(stderr, "  %s %s (this CPU: %s)\n", other_way->what, other_way->ways[!cpu],
+		other_way->ways[cpu]);
 	return setup(state);
 }
 
@@ -2433,19 +2426,22 @@ int main(void)
 	 * score one way or the other by the CPU (kva__sl_dot).
 	 */
 	if (kva_isa_best() == KVA_ISA_AVX512) {
+		other_way = &choice_split;
 		failed += cmocka_run_group_tests_name("kernels, AVX-512 split the other way", other,
-						      setup_other_split, teardown_forces);
+						      setup_other_way, teardown_forces);
 		/* where the AVX-512 tile runs groups 3 and 4 (a core that does
 		 * not split), the same with them scored the other way */
+		other_way = &choice_sl_dot;
 		if (!kva__avx512_split())
 			failed += cmocka_run_group_tests_name(
 				"kernels, AVX-512 groups 3 and 4 scored the other way", other,
-				setup_other_dot, teardown_forces);
+				setup_other_way, teardown_forces);
 	}
 	/* where the AVX2 path runs, its one-head scores over 12 rows or 2 by
 	 * the CPU (kva__avx2_cols) */
+	other_way = &choice_cols;
 	if (kva_isa_best() >= KVA_ISA_AVX2)
 		failed += cmocka_run_group_tests_name("kernels, AVX2 one-head scores the other way",
-						      other, setup_other_cols, teardown_forces);
+						      other, setup_other_way, teardown_forces);
 	return failed;
 }
