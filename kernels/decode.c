@@ -37,6 +37,7 @@ struct plan {
 	bool pf_t0;                /* struct kva__tile's */
 	bool sl_dot;               /* struct kva__tile's; q [heads][4][head_dim] */
 	bool one_cols;             /* struct kva__tile's */
+	bool subgroups;                /* struct kva__tile's */
 	int32_t split_tokens, max_splits;
 	int32_t span, spans;       /* KV heads per tile, tiles per split */
 	/* per sequence: its first tile, its split length and count */
@@ -44,8 +45,8 @@ struct plan {
 	int32_t *split_len, *splits;
 	uint32_t tiles;
 	float *qf;                 /* [batch][num_q_heads][head_dim]: q * q_scale, or
-				    * [batch][kv_heads][head_dim / (16 / gp)][16] (gp) */
-	int32_t gp;                /* the AVX-512 tile's sliced groups: kva__avx512_gp() */
+				    * for the AVX-512 tile each KV head's subgroups (q_sub) */
+	bool avx512;               /* the tile is the AVX-512 tile's */
 	size_t q_stride;           /* floats of qf a KV head */
 	/* per tile: m[span][group], l[span][group], acc[span][group][head_dim] */
 	float *part;
@@ -245,44 +246,58 @@ static int32_t tile_seq(const struct plan *p, uint32_t tile)
 	return lo;
 }
 
+/*
+ * One subgroup's q (@np heads from q element @in on) into @o, laid out as the
+ * AVX-512 tile reads it (kva__avx512_qrows rows): sliced, row r lane
+ * g * w + j is q[g][r * w + j] (kernels_pvt.h, kva__avx512_gp); as dot
+ * products, [np][head_dim], or at groups 3 and 4 on a CPU that scores
+ * them so (sl_dot) [4][head_dim]; a pad head's lanes or row 0. The
+ * floats written.
+ */
+static size_t q_sub(const struct plan *p, float *o, size_t in, int32_t np)
+{
+	const int32_t gp = kva__avx512_gp(np, p->head_dim), w = gp ? 16 / gp : 1;
+
+	if (!gp || (gp == 4 && p->sl_dot)) {
+		const int32_t rows = gp ? gp : np;
+
+		for (int32_t i = 0; i < rows * p->head_dim; i++)
+			o[i] = i < np * p->head_dim
+				? load_q(p->q, p->q_dtype, in + (size_t)i) * p->q_scale
+				: 0.0f;
+		return (size_t)rows * (size_t)p->head_dim;
+	}
+	for (int32_t r = 0; r < p->head_dim / w; r++)
+		for (int32_t lane = 0; lane < 16; lane++) {
+			int32_t g = lane / w, d = r * w + lane % w;
+
+			o[r * 16 + lane] = g < np
+				? load_q(p->q, p->q_dtype,
+					 in + (size_t)g * p->head_dim + (size_t)d) * p->q_scale
+				: 0.0f;
+		}
+	return (size_t)gp * (size_t)p->head_dim;
+}
+
 static void run_q(void *ctx, uint32_t b)
 {
 	const struct plan *p = ctx;
 	size_t n = (size_t)p->num_q_heads * p->head_dim, base = (size_t)b * n;
-	int32_t heads = p->num_q_heads / p->group, w = p->gp ? 16 / p->gp : 1;
+	int32_t heads = p->num_q_heads / p->group;
 
-	if (!p->gp) {
+	if (!p->avx512) {
 		for (size_t i = 0; i < n; i++)
 			p->qf[base + i] = load_q(p->q, p->q_dtype, base + i) * p->q_scale;
 		return;
 	}
-	if (p->sl_dot) { /* groups 3 and 4 as dot products: [4][head_dim], a pad head's row 0 */
-		for (int32_t h = 0; h < heads; h++) {
-			float *o = p->qf + ((size_t)b * heads + (size_t)h) * p->q_stride;
-			size_t in = base + (size_t)h * p->group * p->head_dim;
-
-			for (int32_t i = 0; i < p->gp * p->head_dim; i++)
-				o[i] = i < p->group * p->head_dim
-					? load_q(p->q, p->q_dtype, in + (size_t)i) * p->q_scale
-					: 0.0f;
-		}
-		return;
-	}
-	/* sliced (kernels_pvt.h, kva__avx512_gp): row r of a KV head, lane
-	 * g * w + j, is q[g][r * w + j]; a pad head's lanes are 0 */
+	/* each KV head's subgroups, one after the other (kva__avx512_sub) */
 	for (int32_t h = 0; h < heads; h++) {
 		float *o = p->qf + ((size_t)b * heads + (size_t)h) * p->q_stride;
 
-		for (int32_t r = 0; r < p->head_dim / w; r++)
-			for (int32_t lane = 0; lane < 16; lane++) {
-				int32_t g = lane / w, d = r * w + lane % w;
-
-				o[r * 16 + lane] = g < p->group
-					? load_q(p->q, p->q_dtype,
-						 base + ((size_t)h * p->group + (size_t)g) * p->head_dim +
-							 (size_t)d) * p->q_scale
-					: 0.0f;
-			}
+		for (int32_t g0 = 0, np; g0 < p->group; g0 += np) {
+			np = kva__avx512_sub(p->group - g0, p->head_dim, p->subgroups);
+			o += q_sub(p, o, base + ((size_t)h * p->group + (size_t)g0) * p->head_dim, np);
+		}
 	}
 }
 
@@ -314,6 +329,7 @@ static bool tile_at(const struct plan *p, uint32_t tile, struct kva__tile *t)
 		.pf_t0 = p->pf_t0,
 		.sl_dot = p->sl_dot,
 		.one_cols = p->one_cols,
+		.subgroups = p->subgroups,
 	};
 	return t->t0 < t->t1;
 }
@@ -480,9 +496,15 @@ int kva_decode(const struct kva_kv_desc *kv, const struct kva_page_table *pt, co
 	p.num_q_heads = num_q_heads;
 	p.group = num_q_heads / kv->num_kv_heads;
 	p.head_dim = kv->head_dim;
-	p.gp = p.tile == kva__tile_avx512 ? kva__avx512_gp(p.group, kv->head_dim) : 0;
-	p.sl_dot = p.gp == 4 && kva__sl_dot();
-	p.q_stride = (size_t)(p.gp ? p.gp : p.group) * (size_t)kv->head_dim;
+	p.avx512 = p.tile == kva__tile_avx512;
+	p.sl_dot = p.avx512 && kva__sl_dot();
+	p.subgroups = p.avx512 && kva__avx512_subgroups();
+	p.q_stride = 0;
+	for (int32_t g0 = 0, np; g0 < p.group; g0 += np) {
+		np = kva__avx512_sub(p.group - g0, kv->head_dim, p.subgroups);
+		p.q_stride += (size_t)(p.avx512 ? kva__avx512_qrows(np, kv->head_dim) : np) *
+			      (size_t)kv->head_dim;
+	}
 	p.q_scale = sm_scale * KVA_LOG2E;
 	p.out = out;
 	p.lse = lse;

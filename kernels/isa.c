@@ -216,6 +216,32 @@ void kva__avx2_cols_force(int yes)
 	cpu_answer_force(&cols, yes);
 }
 
+/*
+ * Whether the AVX-512 tile runs a group with no sliced shape (5, 9-11,
+ * past 16) as subgroups, sliced ones and a rest (kva__avx512_sub), rather
+ * than as the generic instance's 4 x 4 dot products: on AMD family 1Ah
+ * (Zen 5). Paired there (family 26 model 2, KVM, `kvarena-ab --isa
+ * avx512`, both orders, 2 threads, f16, head_dim 128; doc/figures.md,
+ * thirty-fifth session), out of cache group 5 read 1.29-1.31x as fast,
+ * 9 1.20-1.29x, 10 1.22x, 11 1.15-1.17x; on one page 1.63x, 1.35x, 1.32x,
+ * 1.17x. Other CPUs keep the dot products: on Intel Xeon family 6 model
+ * 207 they had read these groups faster than padded sliced ones (README),
+ * and subgroups were not measured there; Zen 4 runs its sliced groups on
+ * the AVX2 tile (kva__avx512_split). Asked once; a test may say otherwise
+ * (kva__avx512_subgroups_force).
+ */
+static struct cpu_answer subgroups = { .ask = cpu_is_zen5 };
+
+bool kva__avx512_subgroups(void)
+{
+	return cpu_answer(&subgroups);
+}
+
+void kva__avx512_subgroups_force(int yes)
+{
+	cpu_answer_force(&subgroups, yes);
+}
+
 enum kva_isa kva_isa_best(void)
 {
 	if (kva__isa_supported(KVA_ISA_AVX512))

@@ -48,7 +48,8 @@ struct kva__tile {
 	int32_t group;         /* query heads per KV head, 1..KVA__MAX_GROUP */
 	const float *q;        /* [heads][group][head_dim]: q * sm_scale * log2(e), fp32;
 				* for the AVX-512 tile's sliced groups [heads][head_dim / W][16]
-				* (kva__avx512_gp), or [heads][4][head_dim] (sl_dot) */
+				* (kva__avx512_gp), or [heads][4][head_dim] (sl_dot); as
+				* subgroups, each one's after the other's (kva__avx512_sub) */
 	size_t q_stride;       /* floats from one KV head's q to the next's */
 	float *acc;            /* [heads][group][head_dim] out */
 	float *m, *l;          /* [heads][group] out */
@@ -77,6 +78,11 @@ struct kva__tile {
 	 * bytes or less: 12 rows a chunk at a time, not 2 rows from start to
 	 * end (tile_avx2.c, score_body) */
 	bool one_cols;
+	/* the AVX-512 tile: a group with no sliced shape as subgroups
+	 * (kva__avx512_sub), on a CPU that reads faster so
+	 * (kva__avx512_subgroups); q is then each subgroup's layout after
+	 * the other's */
+	bool subgroups;
 };
 
 /*
@@ -120,6 +126,39 @@ static inline int kva__avx512_gp(int32_t group, int32_t head_dim)
 		return 0;
 	gp = group <= 4 ? 4 : group <= 8 ? 8 : 16;
 	return 4 * group >= 3 * gp ? gp : 0;
+}
+
+/*
+ * The AVX-512 tile's subgroups, on a CPU that takes them
+ * (kva__avx512_subgroups): a group with no sliced shape above (5, 9-11,
+ * past 16), which the generic instance scores as 4 x 4 dot products, runs
+ * as subgroups one after another over the same turn's rows (in L1 or L2
+ * from the first on), each a group of its own: 16, 8 or 4 heads sliced
+ * first, then the rest, cut the same way. So 5 = 4 + 1, 9 = 8 + 1, 10 =
+ * 8 + 2, 11 = 8 + 3, 21 = 16 + 4 + 1. The heads of the first subgroup of
+ * @group (all of them: one); each subgroup's q is laid out as its own
+ * group's, kva__avx512_qrows rows (decode.c).
+ *
+ * Why not groups that have a padded sliced shape (6, 12-14): as subgroups
+ * they read 1.05-1.16x as fast at f16 on Zen 5 but 0.80-0.84 at fp8 (group
+ * 6), whose conversion the second subgroup does again, and 0.97 at
+ * head_dim 64 (doc/figures.md, thirty-fifth session).
+ */
+static inline int32_t kva__avx512_sub(int32_t group, int32_t head_dim, bool subgroups)
+{
+	if (!subgroups || group <= 2 || head_dim > KVA__SLICED_MAX_DIM ||
+	    kva__avx512_gp(group, head_dim))
+		return group;
+	return group > 16 ? 16 : group > 8 ? 8 : 4;
+}
+
+/* the rows of q a subgroup of @heads takes (a head_dim of floats each):
+ * its padded heads where sliced, else its heads */
+static inline int32_t kva__avx512_qrows(int32_t heads, int32_t head_dim)
+{
+	const int32_t gp = kva__avx512_gp(heads, head_dim);
+
+	return gp ? gp : heads;
 }
 
 /* The tile as its @i-th head sees it: a span of one. */
@@ -920,5 +959,10 @@ void kva__sl_dot_force(int dot);
  * as above */
 bool kva__avx2_cols(void);
 void kva__avx2_cols_force(int cols);
+/* whether the AVX-512 tile runs a group with no sliced shape as
+ * subgroups (kva__avx512_sub) on this CPU (Zen 5), not as dot products
+ * (isa.c); kva__avx512_subgroups_force as above */
+bool kva__avx512_subgroups(void);
+void kva__avx512_subgroups_force(int subgroups);
 
 #endif /* KVA_KERNELS_PVT_H */

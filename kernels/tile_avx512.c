@@ -20,7 +20,11 @@
  * reduction (about 3 instructions a score). Softmax: the block's scores
  * are folded into each head's running max and exponentiated 16 at a time
  * (exp2 by a polynomial and vscalefps). Output: each V chunk, converted
- * once, is multiplied into every head's accumulator.
+ * once, is multiplied into every head's accumulator. On Zen 5 groups 5,
+ * 9-11 and past 16 run as subgroups instead (head_block,
+ * kva__avx512_sub): 16, 8 or 4 heads sliced, then the rest (a group of 1
+ * or 2 as dot products, or of 3 sliced), one after the other over the
+ * same rows.
  *
  * The next turn's rows (a head's at a block, kernels_pvt.h) are prefetched
  * while this one is computed (pages are scattered, and the hardware
@@ -697,7 +701,7 @@ AI void sl_scale_acc(const struct kva__tile *t, int g, int NC, float r)
 }
 
 /* one KV head's turn at a block, sliced: scores, softmax, output */
-AI void sl_block(const struct kva__tile *t, const struct kva__rows *bk, struct kva__pf *pf,
+AI void sl_block(const struct kva__tile *t, const struct kva__rows *bk, struct kva__pfq *pq,
 		 int32_t tb, size_t hoff, const enum kva_dtype dt, int NC, const int W)
 {
 	const int G = t->group, n = bk->n, nvec = (n + W - 1) / W;
@@ -711,18 +715,15 @@ AI void sl_block(const struct kva__tile *t, const struct kva__rows *bk, struct k
 	_Alignas(64) float kf[SL_TB * KVA__SLICED_MAX_DIM];
 	_Alignas(64) float ks[KVA__BLOCK_TOKENS], vs[KVA__BLOCK_TOKENS], r[16];
 	__m512 mv = minf, mold, mnew, rv, lv, psum = _mm512_setzero_ps();
-	const char *run[KVA__PFQ_RUNS][2];
-	struct kva__pfq pq;
 
-	kva__pfq_begin(pf, &pq, run, true);
-	/* sl_dot is only ever set with GP 4 (decode.c); W == 4 keeps
-	 * g4_scores out of the W 2 and W 1 instances */
+	/* sl_dot is the CPU's answer (decode.c), for GP 4 only; W == 4
+	 * keeps g4_scores out of the W 2 and W 1 instances */
 	if (W == 4 && t->sl_dot)
 		for (int i = 0; i < n; i += 4)
-			g4_scores(t, bk, &pq, hoff, i, s, dt, NC);
+			g4_scores(t, bk, pq, hoff, i, s, dt, NC);
 	else
 		for (int i = 0; i < n; i += SL_TB)
-			sl_scores(t, bk, &pq, hoff, i, s, kf, dt, NC, W);
+			sl_scores(t, bk, pq, hoff, i, s, kf, dt, NC, W);
 	if (scaled)
 		kva__scales_at(t, tb, n, t->kv_head, ks, vs);
 	/* the block's maxima; a pad head's lanes and a token's past the end
@@ -759,51 +760,50 @@ AI void sl_block(const struct kva__tile *t, const struct kva__rows *bk, struct k
 		if (r[g] != 1.0f)
 			sl_scale_acc(t, g, NC, r[g]);
 	for (int c0 = 0; c0 + W <= NC; c0 += W)
-		sl_out_pass(t, bk, hoff, &pq, s, c0, dt, NC, W, W);
+		sl_out_pass(t, bk, hoff, pq, s, c0, dt, NC, W, W);
 	/* the last NC % W chunks (head_dim 80, 96: NC 5, 6 at W 2 or 4) */
 	if (W == 2 && NC % 2)
-		sl_out_pass(t, bk, hoff, &pq, s, NC - 1, dt, NC, 1, W);
+		sl_out_pass(t, bk, hoff, pq, s, NC - 1, dt, NC, 1, W);
 	else if (W == 4 && NC % 4 == 1)
-		sl_out_pass(t, bk, hoff, &pq, s, NC - 1, dt, NC, 1, W);
+		sl_out_pass(t, bk, hoff, pq, s, NC - 1, dt, NC, 1, W);
 	else if (W == 4 && NC % 4 == 2)
-		sl_out_pass(t, bk, hoff, &pq, s, NC - 2, dt, NC, 2, W);
+		sl_out_pass(t, bk, hoff, pq, s, NC - 2, dt, NC, 2, W);
 	else if (W == 4 && NC % 4 == 3)
-		sl_out_pass(t, bk, hoff, &pq, s, NC - 3, dt, NC, 3, W);
-	kva__pfq_end(&pq);
+		sl_out_pass(t, bk, hoff, pq, s, NC - 3, dt, NC, 3, W);
 }
 
-/* One KV head's turn at a block: score, fold into the softmax state, accumulate. */
-AI void head_block(const struct kva__tile *t, const struct kva__rows *bk,
-		   struct kva__pf *pf, int32_t tb, size_t hoff, const enum kva_dtype dt,
-		   int NC, const bool ALL)
+/* One subgroup's turn (the whole group's, where it is one): score, fold
+ * into the softmax state, accumulate, asking for the next turn's lines
+ * from @pq (head_block) or from the cursor @pf. */
+AI void head_subgroup(const struct kva__tile *t, const struct kva__rows *bk,
+		  struct kva__pf *pf, struct kva__pfq *pq, int32_t tb, size_t hoff,
+		  const enum kva_dtype dt, int NC, const bool ALL)
 {
 	enum { NV = KVA__BLOCK_TOKENS / 16 };
 	const int G = t->group, D = NC * 16;
 	_Alignas(64) float s[KVA__MAX_GROUP][KVA__BLOCK_TOKENS];
 	_Alignas(64) float ks[KVA__BLOCK_TOKENS], vs[KVA__BLOCK_TOKENS];
 
+	pq->t0 = false; /* the sliced sites ask with T1 */
 	switch (kva__avx512_gp(G, D)) { /* sliced: groups 3 to 16 but 5, 9-11 */
 	case 4:
-		sl_block(t, bk, pf, tb, hoff, dt, NC, 4);
+		sl_block(t, bk, pq, tb, hoff, dt, NC, 4);
 		return;
 	case 8:
-		sl_block(t, bk, pf, tb, hoff, dt, NC, 2);
+		sl_block(t, bk, pq, tb, hoff, dt, NC, 2);
 		return;
 	case 16:
-		sl_block(t, bk, pf, tb, hoff, dt, NC, 1);
+		sl_block(t, bk, pq, tb, hoff, dt, NC, 1);
 		return;
 	}
 	/* the next turn's lines: in the head_dim 64 and 128 instances
 	 * (groups 1 and 2 only, tile_fits) from the list, dot_ask's counts
 	 * (kva__pfq_step, inline); in the generic one from the cursor, its
-	 * spread over head_steps (kva__pf_step). dq decides which, down to
-	 * the loops. */
-	const char *run[KVA__PFQ_RUNS][2];
-	struct kva__pfq pq;
-	struct kva__pfq *dq = ALL ? NULL : &pq;
+	 * spread over head_steps (kva__pf_step), unless a sliced subgroup
+	 * before this one listed them. dq decides which, down to the loops. */
+	struct kva__pfq *dq = ALL && !pq->n ? NULL : pq;
 
-	kva__pfq_begin(pf, &pq, run, dq != NULL);
-	pq.t0 = t->pf_t0; /* T0 on Zen 5 (struct kva__pfq); the generic instance asks none here */
+	pq->t0 = t->pf_t0; /* T0 on Zen 5 (struct kva__pfq) */
 	if (dt == KVA_FP8_E4M3 || dt == KVA_INT8)
 		kva__scales_at(t, tb, bk->n, t->kv_head, ks, vs);
 
@@ -874,7 +874,47 @@ AI void head_block(const struct kva__tile *t, const struct kva__rows *bk,
 		t->l[g] += _mm512_reduce_add_ps(psum);
 	}
 	accumulate(t, bk, hoff, pf, dq, s, dt, NC, ALL);
-	kva__pfq_end(&pq);
+}
+
+/*
+ * One KV head's turn at a block: its group's subgroups (kva__avx512_sub)
+ * one after another, each a group of its own (its heads' q, acc, m and l;
+ * q laid out subgroup after subgroup, decode.c), over the same rows (in
+ * L1 or L2 from the first on). The next turn's lines are listed once; the
+ * first subgroup (sliced) asks for them from its loops, as a whole group
+ * does, and for the rest at its end (kva__pfq_end), so that the ones after
+ * it find the list empty. A share of the list for each, in proportion to
+ * its heads, read no faster (f16 group 5 1.00-1.01x, group 9 1.00x, bf16
+ * group 10 0.96-1.04x, f32 group 5 0.95; Zen 5, doc/figures.md,
+ * thirty-fifth session).
+ */
+AI void head_block(const struct kva__tile *t, const struct kva__rows *bk,
+		   struct kva__pf *pf, int32_t tb, size_t hoff, const enum kva_dtype dt,
+		   int NC, const bool ALL)
+{
+	const int D = NC * 16;
+	const char *run[KVA__PFQ_RUNS][2];
+	struct kva__pfq pq;
+	struct kva__tile p = *t;
+	int32_t g0 = 0;
+
+	p.group = kva__avx512_sub(t->group, D, t->subgroups);
+	/* the sliced groups, and the dot products of the head_dim 64 and
+	 * 128 instances, ask from the list; the generic instance's from the
+	 * cursor (kva__pf_step) */
+	kva__pfq_begin(pf, &pq, run, !ALL || kva__avx512_gp(p.group, D));
+	for (;;) {
+		head_subgroup(&p, bk, pf, &pq, tb, hoff, dt, NC, ALL);
+		kva__pfq_end(&pq);
+		g0 += p.group;
+		if (g0 >= t->group)
+			return;
+		p.q += (size_t)kva__avx512_qrows(p.group, D) * D;
+		p.acc += (size_t)p.group * D;
+		p.m += p.group;
+		p.l += p.group;
+		p.group = kva__avx512_sub(t->group - g0, D, true);
+	}
 }
 
 /* the parts accumulate() cuts a head's output into: its switch, restated */
@@ -898,11 +938,12 @@ static int acc_parts(int G, int NC)
  * ACC_STEP V rows of each part. The sliced tile's sites and the head_dim
  * 64 and 128 instances' inline steps (groups 1 and 2, head_block's dq)
  * ask for counts of their own (sl_pf_lines, dot_ask): none. */
-static int head_steps(int G, int NC, int n, bool ALL)
+static int head_steps(int G, int NC, int n, bool ALL, bool subgroups)
 {
 	const int tb = G == 1 ? 16 : G == 2 ? 8 : 4;
 
-	if (kva__avx512_gp(G, NC * 16) || !ALL)
+	/* as subgroups, the first is sliced (kva__avx512_sub) */
+	if (kva__avx512_gp(G, NC * 16) || !ALL || kva__avx512_sub(G, NC * 16, subgroups) != G)
 		return 0;
 	return (n + tb - 1) / tb + acc_parts(G, NC) * ((n + ACC_STEP - 1) / ACC_STEP);
 }
@@ -912,7 +953,8 @@ AI void tile(const struct kva__tile *t, const enum kva_dtype dt, int NC, const b
 	const size_t row_bytes = (size_t)NC * 16 * kva__esize(dt);
 	struct kva__blocks b;
 
-	kva__blocks_begin(&b, t, row_bytes, head_steps(t->group, NC, KVA__BLOCK_TOKENS, ALL), true);
+	kva__blocks_begin(&b, t, row_bytes, head_steps(t->group, NC, KVA__BLOCK_TOKENS, ALL, t->subgroups),
+			  true);
 	for (int32_t tb = t->t0; tb < t->t1; tb += KVA__BLOCK_TOKENS) {
 		const struct kva__rows *bk = kva__blocks_next(&b, t, tb);
 
@@ -942,7 +984,8 @@ AI void tile(const struct kva__tile *t, const enum kva_dtype dt, int NC, const b
  * sliced for the rest (their head_block has no other shapes) */
 static inline bool tile_fits(const struct kva__tile *t)
 {
-	return t->group <= 2 || kva__avx512_gp(t->group, t->kv->head_dim);
+	return t->group <= 2 || kva__avx512_gp(t->group, t->kv->head_dim) ||
+	       (t->subgroups && t->kv->head_dim <= KVA__SLICED_MAX_DIM);
 }
 
 #define TILE_INSTANCES(DT, name)                                                  \

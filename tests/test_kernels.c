@@ -480,7 +480,7 @@ static void test_token_major_groups_every_dtype(void **state)
 
 static void test_gqa_and_mqa_groups(void **state)
 {
-	static const int32_t groups[] = { 1, 2, 3, 4, 5, 6, 7, 8, 9, 10, 11, 12, 16 };
+	static const int32_t groups[] = { 1, 2, 3, 4, 5, 6, 7, 8, 9, 10, 11, 12, 13, 16, 17, 21, 33, 64 };
 	static const int32_t lens[] = { 33, 64, 1, 70 };
 
 	(void)state;
@@ -603,7 +603,7 @@ static void test_thread_count_changes_nothing(void **state)
  * TWO_WAYS_GROUP), HND and NHD; its check compares the two. Nothing to
  * run where the CPU has no such path.
  */
-#define TWO_WAYS_GROUP 16
+#define TWO_WAYS_GROUP 24
 
 struct two_ways;
 
@@ -613,7 +613,7 @@ struct choice {
 	void (*force)(int);             /* its force: 1 yes, 0 no, -1 the CPU's */
 	void (*way)(int);               /* what makes the path take way 0 or 1 */
 	const char *ways[2];            /* way 0's and way 1's names, for messages */
-	int32_t dims[6], groups[4];     /* head_dims and groups, 0-terminated */
+	int32_t dims[6], groups[6];     /* head_dims and groups, 0-terminated */
 	int32_t lens[4];
 	uint64_t seed;
 	void (*check)(const struct two_ways *w);
@@ -807,6 +807,30 @@ static void test_one_head_scores_the_same_either_way(void **state)
 {
 	(void)state;
 	check_choice(&choice_cols);
+}
+
+/*
+ * The AVX-512 tile's groups with no sliced shape (5, 9-11, past 16) run as
+ * subgroups on Zen 5 (kva__avx512_sub: 16, 8 or 4 heads sliced, then the
+ * rest) and as the generic instance's dot products elsewhere
+ * (kva__avx512_subgroups): both, every dtype, head_dims 64 and 128 (the
+ * fitted instances) and 80, 96, 256 (the generic one), groups 5 (4 + 1),
+ * 10 (8 + 2), 11 (8 + 3, a sliced rest) and 21 (16 + 4 + 1), HND and
+ * NHD, against each other and against the reference; and the force's
+ * semantics. main() runs the decode suites again with the choice the
+ * other way.
+ */
+static const struct choice choice_subgroups = {
+	KVA_ISA_AVX512, kva__avx512_subgroups, kva__avx512_subgroups_force,
+	kva__avx512_subgroups_force, { "dot products", "subgroups" }, { 64, 80, 96, 128, 256 },
+	{ 5, 10, 11, 21 }, { 702, 39, 298, 1 }, 97, check_close,
+	"AVX-512 groups 5, 9-11 and past 16 as",
+};
+
+static void test_groups_without_a_sliced_shape_the_same_either_way(void **state)
+{
+	(void)state;
+	check_choice(&choice_subgroups);
 }
 
 /*
@@ -2345,6 +2369,7 @@ static int teardown_forces(void **state)
 	kva__avx512_split_force(-1);
 	kva__sl_dot_force(-1);
 	kva__avx2_cols_force(-1);
+	kva__avx512_subgroups_force(-1);
 	return 0;
 }
 
@@ -2367,6 +2392,7 @@ int main(void)
 		cmocka_unit_test(test_prefetch_hint_changes_nothing),
 		cmocka_unit_test(test_groups_3_and_4_score_the_same_either_way),
 		cmocka_unit_test(test_one_head_scores_the_same_either_way),
+		cmocka_unit_test(test_groups_without_a_sliced_shape_the_same_either_way),
 		cmocka_unit_test(test_long_context_past_16k),
 		cmocka_unit_test(test_strides_nhd_hnd_and_padding),
 		cmocka_unit_test(test_prefetch_cursor_reads_the_block_in_address_order),
@@ -2422,8 +2448,9 @@ int main(void)
 
 	/*
 	 * Where the AVX-512 path runs, its groups of 3 to 8 run one tile or the
-	 * other by the core (kva__avx512_split), and its groups of 3 and 4
-	 * score one way or the other by the CPU (kva__sl_dot).
+	 * other by the core (kva__avx512_split), its groups of 3 and 4 score
+	 * one way or the other by the CPU (kva__sl_dot), and so do its groups
+	 * with no sliced shape (kva__avx512_subgroups).
 	 */
 	if (kva_isa_best() == KVA_ISA_AVX512) {
 		other_way = &choice_split;
@@ -2436,6 +2463,12 @@ int main(void)
 			failed += cmocka_run_group_tests_name(
 				"kernels, AVX-512 groups 3 and 4 scored the other way", other,
 				setup_other_way, teardown_forces);
+		/* its groups with no sliced shape as subgroups or as dot
+		 * products by the CPU (kva__avx512_subgroups) */
+		other_way = &choice_subgroups;
+		failed += cmocka_run_group_tests_name(
+			"kernels, AVX-512 groups without a sliced shape the other way", other,
+			setup_other_way, teardown_forces);
 	}
 	/* where the AVX2 path runs, its one-head scores over 12 rows or 2 by
 	 * the CPU (kva__avx2_cols) */
