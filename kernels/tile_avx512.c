@@ -776,8 +776,8 @@ AI void sl_block(const struct kva__tile *t, const struct kva__rows *bk, struct k
  * into the softmax state, accumulate, asking for the next turn's lines
  * from @pq (head_block) or from the cursor @pf. */
 AI void head_subgroup(const struct kva__tile *t, const struct kva__rows *bk,
-		  struct kva__pf *pf, struct kva__pfq *pq, int32_t tb, size_t hoff,
-		  const enum kva_dtype dt, int NC, const bool ALL)
+		     struct kva__pf *pf, struct kva__pfq *pq, bool listed, int32_t tb,
+		     size_t hoff, const enum kva_dtype dt, int NC, const bool ALL)
 {
 	enum { NV = KVA__BLOCK_TOKENS / 16 };
 	const int G = t->group, D = NC * 16;
@@ -799,9 +799,11 @@ AI void head_subgroup(const struct kva__tile *t, const struct kva__rows *bk,
 	/* the next turn's lines: in the head_dim 64 and 128 instances
 	 * (groups 1 and 2 only, tile_fits) from the list, dot_ask's counts
 	 * (kva__pfq_step, inline); in the generic one from the cursor, its
-	 * spread over head_steps (kva__pf_step), unless a sliced subgroup
-	 * before this one listed them. dq decides which, down to the loops. */
-	struct kva__pfq *dq = ALL && !pq->n ? NULL : pq;
+	 * spread over head_steps (kva__pf_step), unless head_block @listed
+	 * them for a sliced subgroup before this one (which asked for them
+	 * all: none is left, and the cursor is not stepped, head_steps
+	 * counting none). dq decides which, down to the loops. */
+	struct kva__pfq *dq = listed ? pq : NULL;
 
 	pq->t0 = t->pf_t0; /* T0 on Zen 5 (struct kva__pfq) */
 	if (dt == KVA_FP8_E4M3 || dt == KVA_INT8)
@@ -897,14 +899,16 @@ AI void head_block(const struct kva__tile *t, const struct kva__rows *bk,
 	struct kva__pfq pq;
 	struct kva__tile p = *t;
 	int32_t g0 = 0;
+	bool listed;
 
 	p.group = kva__avx512_sub(t->group, D, t->subgroups);
 	/* the sliced groups, and the dot products of the head_dim 64 and
 	 * 128 instances, ask from the list; the generic instance's from the
 	 * cursor (kva__pf_step) */
-	kva__pfq_begin(pf, &pq, run, !ALL || kva__avx512_gp(p.group, D));
+	listed = !ALL || kva__avx512_gp(p.group, D);
+	kva__pfq_begin(pf, &pq, run, listed);
 	for (;;) {
-		head_subgroup(&p, bk, pf, &pq, tb, hoff, dt, NC, ALL);
+		head_subgroup(&p, bk, pf, &pq, listed, tb, hoff, dt, NC, ALL);
 		kva__pfq_end(&pq);
 		g0 += p.group;
 		if (g0 >= t->group)
