@@ -37,7 +37,7 @@ struct plan {
 	bool pf_t0;                /* struct kva__tile's */
 	bool sl_dot;               /* struct kva__tile's; q [heads][4][head_dim] */
 	bool one_cols;             /* struct kva__tile's */
-	bool subgroups;                /* struct kva__tile's */
+	bool subgroups;            /* struct kva__tile's */
 	int32_t split_tokens, max_splits;
 	int32_t span, spans;       /* KV heads per tile, tiles per split */
 	/* per sequence: its first tile, its split length and count */

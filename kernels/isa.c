@@ -222,9 +222,10 @@ void kva__avx2_cols_force(int yes)
  * than as the generic instance's 4 x 4 dot products: on AMD family 1Ah
  * (Zen 5). Paired there (family 26 model 2, KVM, `kvarena-ab --isa
  * avx512`, both orders, 2 threads, f16, head_dim 128; doc/figures.md,
- * thirty-fifth session), out of cache group 5 read 1.29-1.31x as fast,
- * 9 1.20-1.29x, 10 1.22x, 11 1.15-1.17x; on one page 1.63x, 1.35x, 1.32x,
- * 1.17x. Other CPUs keep the dot products: on Intel Xeon family 6 model
+ * thirty-fifth session), out of cache group 5 read 1.25-1.31x as fast,
+ * 9 1.20-1.33x, 10 1.22-1.31x, 11 1.14-1.17x; on one page 1.63x, 1.35x,
+ * 1.32x, 1.17x; f32 group 5 0.91-0.95 (1.78x on one page), the one loss
+ * seen. Other CPUs keep the dot products: on Intel Xeon family 6 model
  * 207 they had read these groups faster than padded sliced ones (README),
  * and subgroups were not measured there; Zen 4 runs its sliced groups on
  * the AVX2 tile (kva__avx512_split). Asked once; a test may say otherwise
