@@ -112,7 +112,8 @@ static inline bool kva__pf_queues(int32_t kept)
  * 9-11, whose pads would be 3 of 8 and 5 to 7 of 16: paired on Intel Xeon
  * family 6 model 207, the dot products ran group 5 1.07-1.16x as fast as
  * sliced, 9 1.13-1.19x, 10 1.05-1.08x, 11 1.0x; group 6 1.0x, 7 0.94-0.96x,
- * 12 0.90-0.94x, doc/figures.md, twenty-fifth session). Where it is not 0 the driver
+ * 12 0.90-0.94x, doc/figures.md, twenty-fifth session; on Zen 5 they run
+ * as subgroups, kva__avx512_sub below). Where it is not 0 the driver
  * lays each KV head's q out as [head_dim / W][16] (decode.c): lane g * W + j
  * of row r is q[g][r * W + j], 0 for a pad head (g >= group).
  */

@@ -45,7 +45,8 @@
  * The dot products' prefetch steps: for groups of 1 and 2 at head_dim 64
  * and 128, inline (kva__pfq_step, the turn's runs listed) at each K chunk
  * of the scores and each V row of the output; in the generic instance
- * (more heads, 4 x 4 tiles: groups 5 and 9-11; other head_dims) the
+ * (more heads, 4 x 4 tiles: groups 5 and 9-11 where not subgroups,
+ * kva__avx512_sub; other head_dims) the
  * cursor's call (kva__pf_step) once a score16 and every ACC_STEP V rows of
  * each part, as before (every 4 rows measured slower). Paired on Intel
  * Xeon family 6 model 207 (AVX-512, out of cache, f16), the inline steps
