@@ -35,7 +35,7 @@ struct plan {
 	int32_t one_step;          /* struct kva__tile's */
 	bool pf_queue;             /* struct kva__tile's */
 	bool pf_t0;                /* struct kva__tile's */
-	bool sl_dot;               /* struct kva__tile's; q [heads][4][head_dim] */
+	bool sl_dot;               /* struct kva__tile's; q of 3 or 4 heads [4][head_dim] (q_sub) */
 	bool one_cols;             /* struct kva__tile's */
 	bool subgroups;            /* struct kva__tile's */
 	int32_t split_tokens, max_splits;

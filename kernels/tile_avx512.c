@@ -883,42 +883,43 @@ AI void head_subgroup(const struct kva__tile *t, const struct kva__rows *bk,
  * One KV head's turn at a block: its group's subgroups (kva__avx512_sub)
  * one after another, each a group of its own (its heads' q, acc, m and l;
  * q laid out subgroup after subgroup, decode.c), over the same rows (in
- * L1 or L2 from the first on). The next turn's lines are listed once; the
- * first subgroup (sliced) asks for them from its loops, as a whole group
- * does, and for the rest at its end (kva__pfq_end), so that the ones after
- * it find the list empty. A share of the list for each, in proportion to
+ * L1 or L2 from the first on): @t, the turn's own copy of the tile
+ * (kva__tile_head), moved from one to the next, so that a group of one
+ * subgroup takes no copy of its own. The next turn's lines are listed
+ * once; the first subgroup (sliced) asks for them from its loops, as a
+ * whole group does, and for the rest at its end (kva__pfq_end), so that
+ * the ones after it find the list empty. A share of the list for each, in proportion to
  * its heads, read no faster (f16 group 5 1.00-1.01x, group 9 1.00x, bf16
  * group 10 0.96-1.04x, f32 group 5 0.95; Zen 5, doc/figures.md,
  * thirty-fifth session).
  */
-AI void head_block(const struct kva__tile *t, const struct kva__rows *bk,
-		   struct kva__pf *pf, int32_t tb, size_t hoff, const enum kva_dtype dt,
-		   int NC, const bool ALL)
+AI void head_block(struct kva__tile *t, const struct kva__rows *bk, struct kva__pf *pf,
+		   int32_t tb, size_t hoff, const enum kva_dtype dt, int NC, const bool ALL)
 {
 	const int D = NC * 16;
+	const int32_t group = t->group;
 	const char *run[KVA__PFQ_RUNS][2];
 	struct kva__pfq pq;
-	struct kva__tile p = *t;
 	int32_t g0 = 0;
 	bool listed;
 
-	p.group = kva__avx512_sub(t->group, D, t->subgroups);
+	t->group = kva__avx512_sub(group, D, t->subgroups);
 	/* the sliced groups, and the dot products of the head_dim 64 and
 	 * 128 instances, ask from the list; the generic instance's from the
 	 * cursor (kva__pf_step) */
-	listed = !ALL || kva__avx512_gp(p.group, D);
+	listed = !ALL || kva__avx512_gp(t->group, D);
 	kva__pfq_begin(pf, &pq, run, listed);
 	for (;;) {
-		head_subgroup(&p, bk, pf, &pq, listed, tb, hoff, dt, NC, ALL);
+		head_subgroup(t, bk, pf, &pq, listed, tb, hoff, dt, NC, ALL);
 		kva__pfq_end(&pq);
-		g0 += p.group;
-		if (g0 >= t->group)
+		g0 += t->group;
+		if (g0 >= group)
 			return;
-		p.q += (size_t)kva__avx512_qrows(p.group, D) * D;
-		p.acc += (size_t)p.group * D;
-		p.m += p.group;
-		p.l += p.group;
-		p.group = kva__avx512_sub(t->group - g0, D, true);
+		t->q += (size_t)kva__avx512_qrows(t->group, D) * D;
+		t->acc += (size_t)t->group * D;
+		t->m += t->group;
+		t->l += t->group;
+		t->group = kva__avx512_sub(group - g0, D, true);
 	}
 }
 
