@@ -585,7 +585,29 @@ static inline int score_tb(int rest)
 
 static inline int out_cg(int rest)
 {
-	return rest >= 3 ? 3 : rest == 2 ? 4 : 16;
+	return rest == 5 ? 2 : rest >= 3 ? 3 : rest == 2 ? 4 : 16;
+}
+
+/*
+ * The heads of the output's next part: four, but the last five together
+ * (groups 5, 9, 13, ...) as 5 x 2 chunks (10 accumulators, 2 chunks and a
+ * broadcast: 13 ymm), where 4 x 3 and then one head alone (accumulate_one)
+ * convert each V chunk twice a token, once for the four and again for the
+ * fifth, and the fifth's pass keeps half its accumulators in L1. Group 5
+ * is a real shape (40 query heads over 8 KV heads, as in some 14B-32B
+ * models). Paired on Zen 5 (family 26 model 2, AVX2, f16, head_dim 128,
+ * 2 threads; doc/figures.md, thirty-sixth session): group 5 out of cache
+ * 1.01-1.10x as fast (the host's phase deciding), bf16 1.08x, fp8 1.16x,
+ * f32 1.03-1.05x, int8 0.99, head_dim 80 1.07x, 256 1.01-1.02x, one
+ * thread 1.05x; in L3 1.04x, but in L1 (one page, one thread) the same,
+ * 1.00: what it saves is not the core's time but how the turn's reads
+ * meet its arithmetic, not pinned down further. Group 13 1.02x, group 9
+ * 0.97-1.00 (a build with its code unchanged read 0.98-0.99 against the
+ * same).
+ */
+static inline int out_heads(int rest)
+{
+	return rest == 5 ? 5 : 4;
 }
 
 /* one head's chunks [c0, NC): accumulate_one()'s (the rest of a row in
@@ -599,10 +621,12 @@ AI bool one_rows(int NC, int c0)
 AI void accumulate(const struct kva__tile *t, const struct kva__rows *bk, size_t hoff,
 		   struct kva__pf *pf, float s[][ROW], const enum kva_dtype dt, int NC)
 {
-	for (int g0 = 0; g0 < t->group; g0 += 4) {
+	for (int g0 = 0; g0 < t->group; g0 += out_heads(t->group - g0)) {
 		const int rest = t->group - g0;
 
-		if (rest >= 3)
+		if (rest == 5)
+			accumulate_heads(t, bk, hoff, pf, s, g0, dt, NC, 5, 2, ROW, 1);
+		else if (rest >= 3)
 			accumulate_heads(t, bk, hoff, pf, s, g0, dt, NC, 4, 3, ROW, 1);
 		else if (rest == 2)
 			accumulate_heads(t, bk, hoff, pf, s, g0, dt, NC, 2, 4, ROW, 1);
@@ -625,10 +649,11 @@ static int head_steps(int G, int NC, int n, int one_step, bool pf_queue)
 {
 	int steps = G; /* the softmax: one a query head */
 
-	for (int g0 = 0; g0 < G; g0 += 4) {
-		const int rest = G - g0, tb = score_tb(rest), cg = out_cg(rest);
+	for (int g0 = 0; g0 < G; g0 += 4)
+		steps += (n + score_tb(G - g0) - 1) / score_tb(G - g0);
+	for (int g0 = 0; g0 < G; g0 += out_heads(G - g0)) {
+		const int rest = G - g0, cg = out_cg(rest);
 
-		steps += (n + tb - 1) / tb;
 		for (int c0 = 0; c0 < NC; c0 += part_chunks(NC, c0, cg))
 			if (rest == 1 && one_rows(NC, c0))
 				steps += (n + one_step - 1) / one_step;

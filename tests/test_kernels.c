@@ -448,6 +448,35 @@ static void test_every_group_remainder_every_dtype_and_head_dim(void **state)
 }
 
 /*
+ * A group's last five heads (groups 5, 9, 13) take the AVX2 tile's output
+ * as 5 heads x 2 chunks (kernels/tile_avx2.c, out_heads): head dims whose
+ * chunks of 8 are odd in number (NC 1, 3, 5, 9, 15) end in a part of one
+ * chunk; every dtype, odd lengths, and q large enough that the running
+ * maxima move from block to block (the accumulators rescaled).
+ */
+static void test_five_head_output_parts_every_dtype(void **state)
+{
+	static const enum kva_dtype dts[] = { KVA_F32, KVA_F16, KVA_BF16, KVA_FP8_E4M3, KVA_INT8 };
+	static const int32_t dims[] = { 8, 24, 40, 72, 120, 128 };
+	static const int32_t groups[] = { 5, 9, 13 };
+	static const int32_t lens[] = { 1, 47, 49, 100 };
+	static const float amps[] = { 1, 30 };
+
+	(void)state;
+	for (unsigned i = 0; i < sizeof(dts) / sizeof(dts[0]); i++)
+		for (unsigned j = 0; j < sizeof(dims) / sizeof(dims[0]); j++)
+			for (unsigned g = 0; g < sizeof(groups) / sizeof(groups[0]); g++)
+				for (unsigned a = 0; a < 2; a++) {
+					struct run r = { .dt = dts[i], .heads = 2, .group = groups[g],
+							 .dim = dims[j], .page_size = 16, .lens = lens,
+							 .n = 4, .q_amp = amps[a],
+							 .tol = a ? 1e-4 : tolerance(dts[i]) };
+
+					check_run(&r, 9000 + 100 * i + 10 * j + 3 * g + a);
+				}
+}
+
+/*
  * Groups of 4, 8 and 16 heads take the AVX2 tile's token-major scores
  * (kernels/tile_avx2.c, tg_block): a ymm of scores is 2 tokens, 1 or half
  * of one, an odd block end leaves half a vector at group 4, and one vector
@@ -2389,6 +2418,7 @@ int main(void)
 		cmocka_unit_test(test_token_major_groups_every_dtype),
 		cmocka_unit_test(test_gqa_and_mqa_groups),
 		cmocka_unit_test(test_every_group_remainder_every_dtype_and_head_dim),
+		cmocka_unit_test(test_five_head_output_parts_every_dtype),
 		cmocka_unit_test(test_page_sizes_and_lengths_around_boundaries),
 		cmocka_unit_test(test_split_boundaries_and_split_invariance),
 		cmocka_unit_test(test_thread_count_changes_nothing),
@@ -2437,6 +2467,7 @@ int main(void)
 		cmocka_unit_test(test_token_major_groups_every_dtype),
 		cmocka_unit_test(test_gqa_and_mqa_groups),
 		cmocka_unit_test(test_every_group_remainder_every_dtype_and_head_dim),
+		cmocka_unit_test(test_five_head_output_parts_every_dtype),
 		cmocka_unit_test(test_page_sizes_and_lengths_around_boundaries),
 		cmocka_unit_test(test_split_boundaries_and_split_invariance),
 		cmocka_unit_test(test_head_spans_change_nothing),
