@@ -396,7 +396,8 @@ AI void accumulate_body(const struct kva__tile *t, const struct kva__rows *bk, s
 				 * registers, then each head's p broadcast and
 				 * used three times: 12 accumulators, 3 chunks
 				 * and a broadcast are all sixteen ymm, and a
-				 * token costs 3 conversions, not 6.
+				 * token costs 3 conversions, not 6. A group's
+				 * last five (out_heads) the same way, 5 x 2.
 				 */
 				const char *rr = row;
 				const float *pq = sp;
@@ -576,7 +577,8 @@ AI void accumulate_heads(const struct kva__tile *t, const struct kva__rows *bk, 
  * chunks), and whatever is left at the end as a group of that size would
  * be: three as four, two as 2 x 6 and 2 x 4, one as 12 x 1 and 1 x 8. So a
  * group of 5, 6 or 7 runs a group of 4's code and then a group of 1, 2 or
- * 3's, and none of them the shared tails' loops over run-time counts.
+ * 3's (but a group's last five output together, out_heads), and none of
+ * them the shared tails' loops over run-time counts.
  */
 static inline int score_tb(int rest)
 {

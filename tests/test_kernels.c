@@ -448,32 +448,43 @@ static void test_every_group_remainder_every_dtype_and_head_dim(void **state)
 }
 
 /*
- * A group's last five heads (groups 5, 9, 13) take the AVX2 tile's output
- * as 5 heads x 2 chunks (kernels/tile_avx2.c, out_heads): head dims whose
- * chunks of 8 are odd in number (NC 1, 3, 5, 9, 15) end in a part of one
- * chunk; every dtype, odd lengths, and q large enough that the running
- * maxima move from block to block (the accumulators rescaled).
+ * Every dtype x @dims x @groups over @n sequences of @lens, with q of
+ * amplitude 1 and 30 (large enough that the running maxima move from block
+ * to block, and the accumulators are rescaled); the seeds from @seed.
  */
-static void test_five_head_output_parts_every_dtype(void **state)
+static void check_groups_every_dtype(const int32_t *dims, unsigned nd, const int32_t *groups,
+				     unsigned ng, const int32_t *lens, int32_t n, uint64_t seed)
 {
 	static const enum kva_dtype dts[] = { KVA_F32, KVA_F16, KVA_BF16, KVA_FP8_E4M3, KVA_INT8 };
-	static const int32_t dims[] = { 8, 24, 40, 72, 120, 128 };
-	static const int32_t groups[] = { 5, 9, 13 };
-	static const int32_t lens[] = { 1, 47, 49, 100 };
 	static const float amps[] = { 1, 30 };
 
-	(void)state;
 	for (unsigned i = 0; i < sizeof(dts) / sizeof(dts[0]); i++)
-		for (unsigned j = 0; j < sizeof(dims) / sizeof(dims[0]); j++)
-			for (unsigned g = 0; g < sizeof(groups) / sizeof(groups[0]); g++)
+		for (unsigned j = 0; j < nd; j++)
+			for (unsigned g = 0; g < ng; g++)
 				for (unsigned a = 0; a < 2; a++) {
 					struct run r = { .dt = dts[i], .heads = 2, .group = groups[g],
 							 .dim = dims[j], .page_size = 16, .lens = lens,
-							 .n = 4, .q_amp = amps[a],
+							 .n = n, .q_amp = amps[a],
 							 .tol = a ? 1e-4 : tolerance(dts[i]) };
 
-					check_run(&r, 9000 + 100 * i + 10 * j + 3 * g + a);
+					check_run(&r, seed + 100 * i + 10 * j + 3 * g + a);
 				}
+}
+
+/*
+ * A group's last five heads (groups 5, 9, 13) take the AVX2 tile's output
+ * as 5 heads x 2 chunks (kernels/tile_avx2.c, out_heads): head dims whose
+ * chunks of 8 are odd in number (NC 1, 3, 5, 9, 15) end in a part of one
+ * chunk; every dtype, odd lengths, maxima that move.
+ */
+static void test_five_head_output_parts_every_dtype(void **state)
+{
+	static const int32_t dims[] = { 8, 24, 40, 72, 120, 128 };
+	static const int32_t groups[] = { 5, 9, 13 };
+	static const int32_t lens[] = { 1, 47, 49, 100 };
+
+	(void)state;
+	check_groups_every_dtype(dims, 6, groups, 3, lens, 4, 9000);
 }
 
 /*
@@ -487,24 +498,12 @@ static void test_five_head_output_parts_every_dtype(void **state)
  */
 static void test_token_major_groups_every_dtype(void **state)
 {
-	static const enum kva_dtype dts[] = { KVA_F32, KVA_F16, KVA_BF16, KVA_FP8_E4M3, KVA_INT8 };
 	static const int32_t dims[] = { 8, 40, 56, 96, 128, 256 };
 	static const int32_t groups[] = { 4, 8, 16 };
 	static const int32_t lens[] = { 1, 2, 47, 49, 97, 130 };
-	static const float amps[] = { 1, 30 };
 
 	(void)state;
-	for (unsigned i = 0; i < sizeof(dts) / sizeof(dts[0]); i++)
-		for (unsigned j = 0; j < sizeof(dims) / sizeof(dims[0]); j++)
-			for (unsigned g = 0; g < sizeof(groups) / sizeof(groups[0]); g++)
-				for (unsigned a = 0; a < 2; a++) {
-					struct run r = { .dt = dts[i], .heads = 2, .group = groups[g],
-							 .dim = dims[j], .page_size = 16, .lens = lens,
-							 .n = 6, .q_amp = amps[a],
-							 .tol = a ? 1e-4 : tolerance(dts[i]) };
-
-					check_run(&r, 3000 + 100 * i + 10 * j + 3 * g + a);
-				}
+	check_groups_every_dtype(dims, 6, groups, 3, lens, 6, 3000);
 }
 
 static void test_gqa_and_mqa_groups(void **state)
