@@ -448,9 +448,10 @@ static void test_every_group_remainder_every_dtype_and_head_dim(void **state)
 }
 
 /*
- * Every dtype x @dims x @groups over @n sequences of @lens, with q of
- * amplitude 1 and 30 (large enough that the running maxima move from block
- * to block, and the accumulators are rescaled); the seeds from @seed.
+ * Every dtype x @dims x @groups over @n sequences, of lengths @lens[0..n),
+ * with q of amplitude 1 and 30 (large enough that the running maxima move
+ * from block to block, and the accumulators are rescaled); the seeds from
+ * @seed.
  */
 static void check_groups_every_dtype(const int32_t *dims, unsigned nd, const int32_t *groups,
 				     unsigned ng, const int32_t *lens, int32_t n, uint64_t seed)
@@ -484,7 +485,8 @@ static void test_five_head_output_parts_every_dtype(void **state)
 	static const int32_t lens[] = { 1, 47, 49, 100 };
 
 	(void)state;
-	check_groups_every_dtype(dims, 6, groups, 3, lens, 4, 9000);
+	check_groups_every_dtype(dims, sizeof(dims) / sizeof(dims[0]), groups,
+				 sizeof(groups) / sizeof(groups[0]), lens, 4, 9000);
 }
 
 /*
@@ -503,7 +505,8 @@ static void test_token_major_groups_every_dtype(void **state)
 	static const int32_t lens[] = { 1, 2, 47, 49, 97, 130 };
 
 	(void)state;
-	check_groups_every_dtype(dims, 6, groups, 3, lens, 6, 3000);
+	check_groups_every_dtype(dims, sizeof(dims) / sizeof(dims[0]), groups,
+				 sizeof(groups) / sizeof(groups[0]), lens, 6, 3000);
 }
 
 static void test_gqa_and_mqa_groups(void **state)
