@@ -136,7 +136,8 @@ static inline int kva__avx512_gp(int32_t group, int32_t head_dim)
  * as subgroups one after another over the same turn's rows (in L1 or L2
  * from the first on), each a group of its own: 16, 8 or 4 heads sliced
  * first, then the rest, cut the same way. So 5 = 4 + 1, 9 = 8 + 1, 10 =
- * 8 + 2, 11 = 8 + 3, 21 = 16 + 4 + 1. The heads of the first subgroup of
+ * 8 + 2, 11 = 8 + 3, 21 = 16 + 4 + 1 (a last 1 after 4 computed in the
+ * 4's block, tile_avx512.c, but laid out as here). The heads of the first subgroup of
  * @group (all of them: one); each subgroup's q is laid out as its own
  * group's, kva__avx512_qrows rows (decode.c).
  *

@@ -24,7 +24,8 @@
  * 9-11 and past 16 run as subgroups instead (head_block,
  * kva__avx512_sub): 16, 8 or 4 heads sliced, then the rest (a group of 1
  * or 2 as dot products, or of 3 sliced), one after the other over the
- * same rows.
+ * same rows; a single head after 4 (groups 5, 21) runs inside the 4's
+ * block instead, on the chunks they convert (sl_block's X).
  *
  * The next turn's rows (a head's at a block, kernels_pvt.h) are prefetched
  * while this one is computed (pages are scattered, and the hardware
@@ -136,6 +137,55 @@ AI __m512 exp2_ps(__m512 x)
 AI __mmask16 first(int n)
 {
 	return n >= 16 ? (__mmask16)0xffff : n <= 0 ? 0 : (__mmask16)((1u << n) - 1);
+}
+
+/*
+ * Head @g's block of dot-product scores (token i's at sg[i], n of them),
+ * times the K scales @ks (fp8, int8), folded into its running state (m,
+ * l, its accumulators rescaled where the maximum moved); sg becomes p
+ * times the V scales @vs, ready for the output.
+ */
+AI void dot_fold(const struct kva__tile *t, int g, float *sg, int n, const float *ks,
+		 const float *vs, const enum kva_dtype dt, int NC)
+{
+	enum { NV = KVA__BLOCK_TOKENS / 16 };
+	const int D = NC * 16;
+	const bool scaled = dt == KVA_FP8_E4M3 || dt == KVA_INT8;
+	__m512 sv[NV], mv = _mm512_set1_ps(-INFINITY), m, psum = _mm512_setzero_ps();
+	float mb, r;
+
+	for (int j = 0; j < NV; j++) {
+		sv[j] = _mm512_mask_loadu_ps(mv, first(n - 16 * j), sg + 16 * j);
+		if (scaled) /* the K scales */
+			sv[j] = _mm512_mask_mul_ps(sv[j], first(n - 16 * j), sv[j],
+						   _mm512_load_ps(ks + 16 * j));
+	}
+	for (int j = 0; j < NV; j++)
+		mv = _mm512_max_ps(mv, sv[j]);
+	mb = kva_max(t->m[g], _mm512_reduce_max_ps(mv));
+	r = kva_rescale(t->m[g], mb);
+	if (r != 1.0f) {
+		__m512 rv = _mm512_set1_ps(r);
+
+		t->l[g] *= r;
+		for (int c = 0; c < NC; c++) {
+			float *o = t->acc + (size_t)g * D + c * 16;
+
+			_mm512_storeu_ps(o, _mm512_mul_ps(_mm512_loadu_ps(o), rv));
+		}
+	}
+	t->m[g] = mb;
+	m = _mm512_set1_ps(mb);
+	for (int j = 0; j < NV; j++) {
+		/* tokens past the block end are exactly 0 */
+		__m512 p = _mm512_maskz_mov_ps(first(n - 16 * j), exp2_ps(_mm512_sub_ps(sv[j], m)));
+
+		psum = _mm512_add_ps(psum, p);
+		if (scaled)
+			p = _mm512_mul_ps(p, _mm512_load_ps(vs + 16 * j));
+		_mm512_store_ps(sg + 16 * j, p);
+	}
+	t->l[g] += _mm512_reduce_add_ps(psum);
 }
 
 /*
@@ -525,8 +575,8 @@ AI __m512 sl_token_scales(const float *x, int k, const int W)
  * loaded once for the 12 tokens.
  */
 AI void sl_scores(const struct kva__tile *t, const struct kva__rows *bk, struct kva__pfq *pq,
-		  size_t hoff, int i, float *s, float *kf, const enum kva_dtype dt, int NC,
-		  const int W)
+		  size_t hoff, int i, float *s, float *kf, const float *xq, float *u,
+		  const enum kva_dtype dt, int NC, const int W, const bool X)
 {
 	const int D = NC * 16;
 	const size_t esize = kva__esize(dt);
@@ -575,6 +625,18 @@ AI void sl_scores(const struct kva__tile *t, const struct kva__rows *bk, struct 
 				_mm512_castpd_ps(_mm512_unpackhi_pd(y0, y1))));
 		}
 	}
+	if (X) { /* the extra head: its 12 sums over the fp32 rows, unreduced */
+		for (int j = 0; j < SL_TB; j++)
+			a[j] = _mm512_setzero_ps();
+		for (int c = 0; c < NC; c++) {
+			const __m512 q = _mm512_load_ps(xq + c * 16);
+
+			for (int j = 0; j < SL_TB; j++)
+				a[j] = _mm512_fmadd_ps(_mm512_load_ps(kf + j * D + c * 16), q, a[j]);
+		}
+		for (int j = 0; j < SL_TB; j++)
+			_mm512_store_ps(u + (size_t)(i + j) * 16, a[j]);
+	}
 }
 
 /*
@@ -600,38 +662,48 @@ AI void sl_scores(const struct kva__tile *t, const struct kva__rows *bk, struct 
  * (8 1.00-1.06 and 16 0.96 on one page) and stay sliced.
  */
 AI void g4_scores(const struct kva__tile *t, const struct kva__rows *bk, struct kva__pfq *pq,
-		  size_t hoff, int i, float *s, const enum kva_dtype dt, int NC)
+		  size_t hoff, int i, float *s, const float *xq, float *u,
+		  const enum kva_dtype dt, int NC, const bool X)
 {
 	const int D = NC * 16;
 	const size_t esize = kva__esize(dt);
 	const int L = (int)esize; /* the lines of a chunk of 4 rows: 64 esize bytes */
 	const char *row[4];
-	__m512 a[16];
+	__m512 a[16], x[4];
 
 	for (int tt = 0; tt < 4; tt++)
 		row[tt] = bk->k[i + tt < bk->n ? i + tt : 0] + hoff;
 	for (int l = 0; l < 16; l++)
 		a[l] = _mm512_setzero_ps();
+	for (int tt = 0; tt < 4 && X; tt++)
+		x[tt] = _mm512_setzero_ps();
 	for (int c = 0; c < NC; c++) {
-		__m512 q[4];
+		__m512 q[4], qx = _mm512_setzero_ps();
 
 		kva__pfq_site(pq, L);
 		for (int g = 0; g < 4; g++)
 			q[g] = _mm512_load_ps(t->q + (size_t)g * D + c * 16);
+		if (X)
+			qx = _mm512_load_ps(xq + c * 16);
 		for (int tt = 0; tt < 4; tt++) {
 			const __m512 k = kva__load16(row[tt] + (size_t)c * 16 * esize, dt);
 
 			for (int g = 0; g < 4; g++)
 				a[sl_lane(tt, g, 4)] = _mm512_fmadd_ps(k, q[g], a[sl_lane(tt, g, 4)]);
+			if (X) /* the extra head: 26 zmm in all */
+				x[tt] = _mm512_fmadd_ps(k, qx, x[tt]);
 		}
 	}
 	_mm512_store_ps(s + (size_t)i * 4, reduce16(a));
+	for (int tt = 0; tt < 4 && X; tt++)
+		_mm512_store_ps(u + (size_t)(i + tt) * 16, x[tt]);
 }
 
 /* output: token i's (tt-th of its vector) V chunks [c0, c0 + nc) into the
  * accumulators of the GP heads, each p broadcast once for its nc chunks */
-AI void sl_out_token(const struct kva__rows *bk, size_t off, const float *pv, int i,
-		     __m512 *acc, const enum kva_dtype dt, const int tt, const int nc, const int W)
+AI void sl_out_token(const struct kva__rows *bk, size_t off, const float *pv, const float *px,
+		     int i, __m512 *acc, __m512 *ax, const enum kva_dtype dt, const int tt,
+		     const int nc, const int W, const bool X)
 {
 	const size_t esize = kva__esize(dt);
 	const char *row = bk->v[i] + off;
@@ -646,6 +718,12 @@ AI void sl_out_token(const struct kva__rows *bk, size_t off, const float *pv, in
 		for (int cc = 0; cc < nc; cc++)
 			acc[g * W + cc] = _mm512_fmadd_ps(b, vc[cc], acc[g * W + cc]);
 	}
+	if (X) { /* the extra head: at W 4, 16 + 4 accumulators, 4 chunks, p */
+		const __m512 b = _mm512_broadcastss_ps(_mm_load_ss(px + i));
+
+		for (int cc = 0; cc < nc; cc++)
+			ax[cc] = _mm512_fmadd_ps(b, vc[cc], ax[cc]);
+	}
 }
 
 /*
@@ -654,26 +732,30 @@ AI void sl_out_token(const struct kva__rows *bk, size_t off, const float *pv, in
  * every head. A prefetch site every S tokens (sl_pf_every).
  */
 AI void sl_out_pass(const struct kva__tile *t, const struct kva__rows *bk, size_t hoff,
-		    struct kva__pfq *pq, const float *s, int c0, const enum kva_dtype dt, int NC,
-		    const int nc, const int W)
+		    struct kva__pfq *pq, const float *s, const float *px, int c0,
+		    const enum kva_dtype dt, int NC, const int nc, const int W, const bool X)
 {
 	const int D = NC * 16, GP = 16 / W, G = t->group, n = bk->n;
 	const size_t esize = kva__esize(dt), off = hoff + (size_t)c0 * 16 * esize;
 	const int L = sl_pf_lines(W, esize), S = sl_pf_every(W, esize);
-	__m512 acc[16];
+	/* the extra head's accumulators: head G's, after the group's */
+	float *const xo = t->acc + (size_t)G * D + c0 * 16;
+	__m512 acc[16], ax[4];
 	int i = 0;
 
 	for (int g = 0; g < GP; g++)
 		for (int cc = 0; cc < nc; cc++)
 			acc[g * W + cc] = g < G ? _mm512_loadu_ps(t->acc + (size_t)g * D + (c0 + cc) * 16)
 						: _mm512_setzero_ps();
+	for (int cc = 0; cc < nc && X; cc++)
+		ax[cc] = _mm512_loadu_ps(xo + cc * 16);
 	for (; i + W <= n; i += W) {
 		const float *pv = s + (size_t)(i / W) * 16;
 
 		for (int tt = 0; tt < W; tt++) {
 			if ((i + tt) % S == 0)
 				kva__pfq_site(pq, L);
-			sl_out_token(bk, off, pv, i + tt, acc, dt, tt, nc, W);
+			sl_out_token(bk, off, pv, px, i + tt, acc, ax, dt, tt, nc, W, X);
 		}
 	}
 	if (i < n) { /* the block's last 1 to W - 1 tokens */
@@ -683,12 +765,14 @@ AI void sl_out_pass(const struct kva__tile *t, const struct kva__rows *bk, size_
 			if (i + tt < n) {
 				if ((i + tt) % S == 0)
 					kva__pfq_site(pq, L);
-				sl_out_token(bk, off, pv, i + tt, acc, dt, tt, nc, W);
+				sl_out_token(bk, off, pv, px, i + tt, acc, ax, dt, tt, nc, W, X);
 			}
 	}
 	for (int g = 0; g < GP && g < G; g++)
 		for (int cc = 0; cc < nc; cc++)
 			_mm512_storeu_ps(t->acc + (size_t)g * D + (c0 + cc) * 16, acc[g * W + cc]);
+	for (int cc = 0; cc < nc && X; cc++)
+		_mm512_storeu_ps(xo + cc * 16, ax[cc]);
 }
 
 /* head @g's output accumulators times @r: the running maximum moved */
@@ -701,9 +785,24 @@ AI void sl_scale_acc(const struct kva__tile *t, int g, int NC, float r)
 		_mm512_storeu_ps(o + c * 16, _mm512_mul_ps(_mm512_loadu_ps(o + c * 16), rv));
 }
 
-/* one KV head's turn at a block, sliced: scores, softmax, output */
+/*
+ * One KV head's turn at a block, sliced: scores, softmax, output. With @X,
+ * one head more (head G, its q after the group's kva__avx512_qrows rows:
+ * a group of 5 as subgroups, 4 + 1, head_block) rides along: its dot
+ * products take each K chunk the group's take (g4_scores) or the fp32
+ * rows (sl_scores), and its output each V chunk the group's converted,
+ * where as a subgroup of its own it read and converted the rows again.
+ * The same sums in the same order: bit for bit the subgroup's results.
+ * Paired against the subgroup on Zen 5 (family 26 model 2, kvarena-ab
+ * --isa avx512 --group 5, 2 threads, both orders; doc/figures.md,
+ * thirty-seventh session): f16 head_dim 128 1.11-1.12x as fast out of
+ * cache, bf16 1.10-1.11x, fp8 1.41-1.42x, f32 1.14-1.15x, int8
+ * 1.06-1.08x, head_dims 64-256 1.07-1.15x, in L3 1.11-1.12x, one page
+ * 1.12-1.16x; group 21 1.01-1.03x.
+ */
 AI void sl_block(const struct kva__tile *t, const struct kva__rows *bk, struct kva__pfq *pq,
-		 int32_t tb, size_t hoff, const enum kva_dtype dt, int NC, const int W)
+		 int32_t tb, size_t hoff, const enum kva_dtype dt, int NC, const int W,
+		 const bool X)
 {
 	const int G = t->group, n = bk->n, nvec = (n + W - 1) / W;
 	const bool scaled = dt == KVA_FP8_E4M3 || dt == KVA_INT8;
@@ -715,18 +814,38 @@ AI void sl_block(const struct kva__tile *t, const struct kva__rows *bk, struct k
 	_Alignas(64) float s[KVA__BLOCK_TOKENS * 16];
 	_Alignas(64) float kf[SL_TB * KVA__SLICED_MAX_DIM];
 	_Alignas(64) float ks[KVA__BLOCK_TOKENS], vs[KVA__BLOCK_TOKENS], r[16];
+	/* the extra head's q, its sums unreduced (token i's 16 at u + 16 i) and
+	 * its scores, then p */
+	const float *const xq = t->q + (size_t)kva__avx512_qrows(G, NC * 16) * NC * 16;
+	_Alignas(64) float u[KVA__BLOCK_TOKENS * 16], px[KVA__BLOCK_TOKENS];
 	__m512 mv = minf, mold, mnew, rv, lv, psum = _mm512_setzero_ps();
+	int scored;
 
 	/* sl_dot is the CPU's answer (decode.c), for GP 4 only; W == 4
 	 * keeps g4_scores out of the W 2 and W 1 instances */
 	if (W == 4 && t->sl_dot)
-		for (int i = 0; i < n; i += 4)
-			g4_scores(t, bk, pq, hoff, i, s, dt, NC);
+		for (scored = 0; scored < n; scored += 4)
+			g4_scores(t, bk, pq, hoff, scored, s, xq, u, dt, NC, X);
 	else
-		for (int i = 0; i < n; i += SL_TB)
-			sl_scores(t, bk, pq, hoff, i, s, kf, dt, NC, W);
+		for (scored = 0; scored < n; scored += SL_TB)
+			sl_scores(t, bk, pq, hoff, scored, s, kf, xq, u, dt, NC, W, X);
 	if (scaled)
 		kva__scales_at(t, tb, n, t->kv_head, ks, vs);
+	if (X) {
+		/* 16 tokens' sums a reduce16 (the rows up to a 16 past the
+		 * last scored 0: lanes the fold masks off), folded as a dot
+		 * product's (dot_fold) */
+		for (; scored % 16; scored++)
+			_mm512_store_ps(u + (size_t)scored * 16, _mm512_setzero_ps());
+		for (int i = 0; i < n; i += 16) {
+			__m512 v[16];
+
+			for (int j = 0; j < 16; j++)
+				v[j] = _mm512_load_ps(u + (size_t)(i + j) * 16);
+			_mm512_store_ps(px + i, reduce16(v));
+		}
+		dot_fold(t, G, px, n, ks, vs, dt, NC);
+	}
 	/* the block's maxima; a pad head's lanes and a token's past the end
 	 * are -inf, so that their p is 0 */
 	for (int k = 0; k < nvec; k++) {
@@ -761,16 +880,16 @@ AI void sl_block(const struct kva__tile *t, const struct kva__rows *bk, struct k
 		if (r[g] != 1.0f)
 			sl_scale_acc(t, g, NC, r[g]);
 	for (int c0 = 0; c0 + W <= NC; c0 += W)
-		sl_out_pass(t, bk, hoff, pq, s, c0, dt, NC, W, W);
+		sl_out_pass(t, bk, hoff, pq, s, px, c0, dt, NC, W, W, X);
 	/* the last NC % W chunks (head_dim 80, 96: NC 5, 6 at W 2 or 4) */
 	if (W == 2 && NC % 2)
-		sl_out_pass(t, bk, hoff, pq, s, NC - 1, dt, NC, 1, W);
+		sl_out_pass(t, bk, hoff, pq, s, px, NC - 1, dt, NC, 1, W, X);
 	else if (W == 4 && NC % 4 == 1)
-		sl_out_pass(t, bk, hoff, pq, s, NC - 1, dt, NC, 1, W);
+		sl_out_pass(t, bk, hoff, pq, s, px, NC - 1, dt, NC, 1, W, X);
 	else if (W == 4 && NC % 4 == 2)
-		sl_out_pass(t, bk, hoff, pq, s, NC - 2, dt, NC, 2, W);
+		sl_out_pass(t, bk, hoff, pq, s, px, NC - 2, dt, NC, 2, W, X);
 	else if (W == 4 && NC % 4 == 3)
-		sl_out_pass(t, bk, hoff, pq, s, NC - 3, dt, NC, 3, W);
+		sl_out_pass(t, bk, hoff, pq, s, px, NC - 3, dt, NC, 3, W, X);
 }
 
 /* One subgroup's turn (the whole group's, where it is one): score, fold
@@ -778,9 +897,8 @@ AI void sl_block(const struct kva__tile *t, const struct kva__rows *bk, struct k
  * from @pq (head_block) or from the cursor @pf. */
 AI void head_subgroup(const struct kva__tile *t, const struct kva__rows *bk,
 		     struct kva__pf *pf, struct kva__pfq *pq, bool listed, int32_t tb,
-		     size_t hoff, const enum kva_dtype dt, int NC, const bool ALL)
+		     size_t hoff, const enum kva_dtype dt, int NC, const bool ALL, bool x)
 {
-	enum { NV = KVA__BLOCK_TOKENS / 16 };
 	const int G = t->group, D = NC * 16;
 	_Alignas(64) float s[KVA__MAX_GROUP][KVA__BLOCK_TOKENS];
 	_Alignas(64) float ks[KVA__BLOCK_TOKENS], vs[KVA__BLOCK_TOKENS];
@@ -788,13 +906,16 @@ AI void head_subgroup(const struct kva__tile *t, const struct kva__rows *bk,
 	pq->t0 = false; /* the sliced sites ask with T1 */
 	switch (kva__avx512_gp(G, D)) { /* sliced: groups 3 to 16 but 5, 9-11 */
 	case 4:
-		sl_block(t, bk, pq, tb, hoff, dt, NC, 4);
+		if (x)
+			sl_block(t, bk, pq, tb, hoff, dt, NC, 4, true);
+		else
+			sl_block(t, bk, pq, tb, hoff, dt, NC, 4, false);
 		return;
 	case 8:
-		sl_block(t, bk, pq, tb, hoff, dt, NC, 2);
+		sl_block(t, bk, pq, tb, hoff, dt, NC, 2, false);
 		return;
 	case 16:
-		sl_block(t, bk, pq, tb, hoff, dt, NC, 1);
+		sl_block(t, bk, pq, tb, hoff, dt, NC, 1, false);
 		return;
 	}
 	/* the next turn's lines: in the head_dim 64 and 128 instances
@@ -838,44 +959,8 @@ AI void head_subgroup(const struct kva__tile *t, const struct kva__rows *bk,
 
 	/* fold the block's scores, times the K scales, into each head's
 	 * running state; s becomes p * (V scale), ready for accumulate() */
-	for (int g = 0; g < G; g++) {
-		__m512 sv[NV], mv = _mm512_set1_ps(-INFINITY), m, psum = _mm512_setzero_ps();
-		float mb, r;
-
-		for (int j = 0; j < NV; j++) {
-			sv[j] = _mm512_mask_loadu_ps(mv, first(bk->n - 16 * j), s[g] + 16 * j);
-			if (dt == KVA_FP8_E4M3 || dt == KVA_INT8) /* the K scales */
-				sv[j] = _mm512_mask_mul_ps(sv[j], first(bk->n - 16 * j), sv[j],
-							   _mm512_load_ps(ks + 16 * j));
-		}
-		for (int j = 0; j < NV; j++)
-			mv = _mm512_max_ps(mv, sv[j]);
-		mb = kva_max(t->m[g], _mm512_reduce_max_ps(mv));
-		r = kva_rescale(t->m[g], mb);
-		if (r != 1.0f) {
-			__m512 rv = _mm512_set1_ps(r);
-
-			t->l[g] *= r;
-			for (int c = 0; c < NC; c++) {
-				float *o = t->acc + (size_t)g * D + c * 16;
-
-				_mm512_storeu_ps(o, _mm512_mul_ps(_mm512_loadu_ps(o), rv));
-			}
-		}
-		t->m[g] = mb;
-		m = _mm512_set1_ps(mb);
-		for (int j = 0; j < NV; j++) {
-			/* tokens past the block end are exactly 0 */
-			__m512 p = _mm512_maskz_mov_ps(first(bk->n - 16 * j),
-						       exp2_ps(_mm512_sub_ps(sv[j], m)));
-
-			psum = _mm512_add_ps(psum, p);
-			if (dt == KVA_FP8_E4M3 || dt == KVA_INT8)
-				p = _mm512_mul_ps(p, _mm512_load_ps(vs + 16 * j));
-			_mm512_store_ps(s[g] + 16 * j, p);
-		}
-		t->l[g] += _mm512_reduce_add_ps(psum);
-	}
+	for (int g = 0; g < G; g++)
+		dot_fold(t, g, s[g], bk->n, ks, vs, dt, NC);
 	accumulate(t, bk, hoff, pf, dq, s, dt, NC, ALL);
 }
 
@@ -910,9 +995,13 @@ AI void head_block(struct kva__tile *t, const struct kva__rows *bk, struct kva__
 	listed = !ALL || kva__avx512_gp(t->group, D);
 	kva__pfq_begin(pf, &pq, run, listed);
 	for (;;) {
-		head_subgroup(t, bk, pf, &pq, listed, tb, hoff, dt, NC, ALL);
+		/* a last single head after a subgroup of 4 rides along in
+		 * it (sl_block's X): a group of 5 is one subgroup of 4 + 1 */
+		const bool x = group - g0 - t->group == 1 && kva__avx512_gp(t->group, D) == 4;
+
+		head_subgroup(t, bk, pf, &pq, listed, tb, hoff, dt, NC, ALL, x);
 		kva__pfq_end(&pq);
-		g0 += t->group;
+		g0 += t->group + x;
 		if (g0 >= group)
 			return;
 		t->q += (size_t)kva__avx512_qrows(t->group, D) * D;
