@@ -295,7 +295,8 @@ static void run_q(void *ctx, uint32_t b)
 		float *o = p->qf + ((size_t)b * heads + (size_t)h) * p->q_stride;
 
 		for (int32_t g0 = 0, np; g0 < p->group; g0 += np) {
-			np = kva__avx512_sub(p->group - g0, p->head_dim, p->subgroups);
+			np = kva__avx512_sub(p->group - g0, p->head_dim, kva__esize(p->kv->dtype),
+					     p->subgroups);
 			o += q_sub(p, o, base + ((size_t)h * p->group + (size_t)g0) * p->head_dim, np);
 		}
 	}
@@ -501,7 +502,7 @@ int kva_decode(const struct kva_kv_desc *kv, const struct kva_page_table *pt, co
 	p.subgroups = p.avx512 && kva__avx512_subgroups();
 	p.q_stride = 0;
 	for (int32_t g0 = 0, np; g0 < p.group; g0 += np) {
-		np = kva__avx512_sub(p.group - g0, kv->head_dim, p.subgroups);
+		np = kva__avx512_sub(p.group - g0, kv->head_dim, kva__esize(kv->dtype), p.subgroups);
 		p.q_stride += (size_t)(p.avx512 ? kva__avx512_qrows(np, kv->head_dim) : np) *
 			      (size_t)kv->head_dim;
 	}

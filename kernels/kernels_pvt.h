@@ -136,20 +136,29 @@ static inline int kva__avx512_gp(int32_t group, int32_t head_dim)
  * as subgroups one after another over the same turn's rows (in L1 or L2
  * from the first on), each a group of its own: 16, 8 or 4 heads sliced
  * first, then the rest, cut the same way. So 5 = 4 + 1, 9 = 8 + 1, 10 =
- * 8 + 2, 11 = 8 + 3, 21 = 16 + 4 + 1 (a last 1 after 4 computed in the
- * 4's block, tile_avx512.c, but laid out as here). The heads of the first subgroup of
- * @group (all of them: one); each subgroup's q is laid out as its own
- * group's, kva__avx512_qrows rows (decode.c).
+ * 8 + 2, 11 = 8 + 3, 21 = 16 + 4 + 1; and 6 = 4 + 2 at elements of
+ * @esize 2 bytes or less. A last 1 or 2 after 4 is computed inside the
+ * 4's block (tile_avx512.c, sl_block's X), laid out as here. The heads of
+ * the first subgroup of @group (all of them: one); each subgroup's q is
+ * laid out as its own group's, kva__avx512_qrows rows (decode.c).
  *
- * Why not groups that have a padded sliced shape (6, 12-14): as subgroups
- * they read 1.05-1.16x as fast at f16 on Zen 5 but 0.80-0.84 at fp8 (group
- * 6), whose conversion the second subgroup does again, and 0.97 at
- * head_dim 64 (doc/figures.md, thirty-fifth session).
+ * Groups that have a padded sliced shape (6, 12-14) keep it otherwise: as
+ * subgroups one after another, 6 read 1.05-1.09x as fast at f16 on Zen 5
+ * but 0.80-0.84 at fp8, whose conversion the second subgroup did again,
+ * and 0.97 at head_dim 64 (doc/figures.md, thirty-fifth session). As 4 +
+ * 2 in one block (thirty-seventh session) 6 reads 1.16-1.19x as fast at
+ * f16, bf16 1.17x, fp8 1.08-1.09x, int8 1.21x, head_dims 64-256
+ * 1.02-1.39x, but f32 (twice the bytes a row, memory bound) 0.93-0.96
+ * and 0.90-0.93 at head_dim 64, so f32 keeps its padded 8.
  */
-static inline int32_t kva__avx512_sub(int32_t group, int32_t head_dim, bool subgroups)
+static inline int32_t kva__avx512_sub(int32_t group, int32_t head_dim, size_t esize,
+				      bool subgroups)
 {
-	if (!subgroups || group <= 2 || head_dim > KVA__SLICED_MAX_DIM ||
-	    kva__avx512_gp(group, head_dim))
+	if (!subgroups || group <= 2 || head_dim > KVA__SLICED_MAX_DIM)
+		return group;
+	if (group == 6 && esize <= 2) /* 4 + 2, in one block */
+		return 4;
+	if (kva__avx512_gp(group, head_dim))
 		return group;
 	return group > 16 ? 16 : group > 8 ? 8 : 4;
 }

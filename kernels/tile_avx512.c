@@ -576,7 +576,7 @@ AI __m512 sl_token_scales(const float *x, int k, const int W)
  */
 AI void sl_scores(const struct kva__tile *t, const struct kva__rows *bk, struct kva__pfq *pq,
 		  size_t hoff, int i, float *s, float *kf, const float *xq, float *u,
-		  const enum kva_dtype dt, int NC, const int W, const bool X)
+		  const enum kva_dtype dt, int NC, const int W, const int X)
 {
 	const int D = NC * 16;
 	const size_t esize = kva__esize(dt);
@@ -625,17 +625,19 @@ AI void sl_scores(const struct kva__tile *t, const struct kva__rows *bk, struct 
 				_mm512_castpd_ps(_mm512_unpackhi_pd(y0, y1))));
 		}
 	}
-	if (X) { /* the extra head: its 12 sums over the fp32 rows, unreduced */
+	/* the extra heads, one after the other: 12 sums each over the fp32
+	 * rows, unreduced (head h's token j at u + 16 (48 h + j)) */
+	for (int h = 0; h < X; h++) {
 		for (int j = 0; j < SL_TB; j++)
 			a[j] = _mm512_setzero_ps();
 		for (int c = 0; c < NC; c++) {
-			const __m512 q = _mm512_load_ps(xq + c * 16);
+			const __m512 q = _mm512_load_ps(xq + (size_t)h * D + c * 16);
 
 			for (int j = 0; j < SL_TB; j++)
 				a[j] = _mm512_fmadd_ps(_mm512_load_ps(kf + j * D + c * 16), q, a[j]);
 		}
 		for (int j = 0; j < SL_TB; j++)
-			_mm512_store_ps(u + (size_t)(i + j) * 16, a[j]);
+			_mm512_store_ps(u + (size_t)(h * KVA__BLOCK_TOKENS + i + j) * 16, a[j]);
 	}
 }
 
@@ -648,7 +650,9 @@ AI void sl_scores(const struct kva__tile *t, const struct kva__rows *bk, struct 
  * (reduce16) into vector i / 4 of s, sum (tt, g) in lane sl_lane(tt, g),
  * as sl_scores leaves it for the softmax. A row past the block's end is
  * its first row again (the softmax masks it). A prefetch site at every
- * chunk asks for as many lines as the chunk's 4 rows read.
+ * chunk asks for as many lines as the chunk's 4 rows read (with the X
+ * extra heads of sl_block, three quarters as many). The X heads' sums,
+ * 4 tokens each, are stored unreduced into @u.
  *
  * Why: the sliced FMA broadcasts 4 floats (vbroadcastf32x4 from the fp32
  * rows), which Zen 5 issues at about two thirds of an FMA's rate; in a
@@ -663,47 +667,54 @@ AI void sl_scores(const struct kva__tile *t, const struct kva__rows *bk, struct 
  */
 AI void g4_scores(const struct kva__tile *t, const struct kva__rows *bk, struct kva__pfq *pq,
 		  size_t hoff, int i, float *s, const float *xq, float *u,
-		  const enum kva_dtype dt, int NC, const bool X)
+		  const enum kva_dtype dt, int NC, const int X)
 {
 	const int D = NC * 16;
 	const size_t esize = kva__esize(dt);
-	const int L = (int)esize; /* the lines of a chunk of 4 rows: 64 esize bytes */
+	/* the lines of a chunk of 4 rows, 64 esize bytes; with heads of X
+	 * (longer between sites) three quarters of them: f32 groups 5 1.03-1.05x
+	 * as fast as all, 6 1.03-1.06x (Zen 5, thirty-seventh session); half
+	 * 0.91-0.92 at group 5; 1.5x 0.92-0.96 at both (f16 0.96-0.98) */
+	const int L = X ? (3 * (int)esize + 2) / 4 : (int)esize;
 	const char *row[4];
-	__m512 a[16], x[4];
+	__m512 a[16], x[2][4];
 
 	for (int tt = 0; tt < 4; tt++)
 		row[tt] = bk->k[i + tt < bk->n ? i + tt : 0] + hoff;
 	for (int l = 0; l < 16; l++)
 		a[l] = _mm512_setzero_ps();
-	for (int tt = 0; tt < 4 && X; tt++)
-		x[tt] = _mm512_setzero_ps();
+	for (int h = 0; h < X; h++)
+		for (int tt = 0; tt < 4; tt++)
+			x[h][tt] = _mm512_setzero_ps();
 	for (int c = 0; c < NC; c++) {
-		__m512 q[4], qx = _mm512_setzero_ps();
+		__m512 q[4], qx[2];
 
 		kva__pfq_site(pq, L);
 		for (int g = 0; g < 4; g++)
 			q[g] = _mm512_load_ps(t->q + (size_t)g * D + c * 16);
-		if (X)
-			qx = _mm512_load_ps(xq + c * 16);
+		for (int h = 0; h < X; h++)
+			qx[h] = _mm512_load_ps(xq + (size_t)h * D + c * 16);
 		for (int tt = 0; tt < 4; tt++) {
 			const __m512 k = kva__load16(row[tt] + (size_t)c * 16 * esize, dt);
 
 			for (int g = 0; g < 4; g++)
 				a[sl_lane(tt, g, 4)] = _mm512_fmadd_ps(k, q[g], a[sl_lane(tt, g, 4)]);
-			if (X) /* the extra head: 26 zmm in all */
-				x[tt] = _mm512_fmadd_ps(k, qx, x[tt]);
+			/* the extra heads: 26 zmm in all with one, 31 with two */
+			for (int h = 0; h < X; h++)
+				x[h][tt] = _mm512_fmadd_ps(k, qx[h], x[h][tt]);
 		}
 	}
 	_mm512_store_ps(s + (size_t)i * 4, reduce16(a));
-	for (int tt = 0; tt < 4 && X; tt++)
-		_mm512_store_ps(u + (size_t)(i + tt) * 16, x[tt]);
+	for (int h = 0; h < X; h++)
+		for (int tt = 0; tt < 4; tt++)
+			_mm512_store_ps(u + (size_t)(h * KVA__BLOCK_TOKENS + i + tt) * 16, x[h][tt]);
 }
 
 /* output: token i's (tt-th of its vector) V chunks [c0, c0 + nc) into the
  * accumulators of the GP heads, each p broadcast once for its nc chunks */
 AI void sl_out_token(const struct kva__rows *bk, size_t off, const float *pv, const float *px,
 		     int i, __m512 *acc, __m512 *ax, const enum kva_dtype dt, const int tt,
-		     const int nc, const int W, const bool X)
+		     const int nc, const int W, const int X)
 {
 	const size_t esize = kva__esize(dt);
 	const char *row = bk->v[i] + off;
@@ -718,11 +729,12 @@ AI void sl_out_token(const struct kva__rows *bk, size_t off, const float *pv, co
 		for (int cc = 0; cc < nc; cc++)
 			acc[g * W + cc] = _mm512_fmadd_ps(b, vc[cc], acc[g * W + cc]);
 	}
-	if (X) { /* the extra head: at W 4, 16 + 4 accumulators, 4 chunks, p */
-		const __m512 b = _mm512_broadcastss_ps(_mm_load_ss(px + i));
+	/* the extra heads (W 4): 16 + 4 X accumulators, 4 chunks, a p */
+	for (int h = 0; h < X; h++) {
+		const __m512 b = _mm512_broadcastss_ps(_mm_load_ss(px + h * KVA__BLOCK_TOKENS + i));
 
 		for (int cc = 0; cc < nc; cc++)
-			ax[cc] = _mm512_fmadd_ps(b, vc[cc], ax[cc]);
+			ax[h * 4 + cc] = _mm512_fmadd_ps(b, vc[cc], ax[h * 4 + cc]);
 	}
 }
 
@@ -733,22 +745,23 @@ AI void sl_out_token(const struct kva__rows *bk, size_t off, const float *pv, co
  */
 AI void sl_out_pass(const struct kva__tile *t, const struct kva__rows *bk, size_t hoff,
 		    struct kva__pfq *pq, const float *s, const float *px, int c0,
-		    const enum kva_dtype dt, int NC, const int nc, const int W, const bool X)
+		    const enum kva_dtype dt, int NC, const int nc, const int W, const int X)
 {
 	const int D = NC * 16, GP = 16 / W, G = t->group, n = bk->n;
 	const size_t esize = kva__esize(dt), off = hoff + (size_t)c0 * 16 * esize;
 	const int L = sl_pf_lines(W, esize), S = sl_pf_every(W, esize);
-	/* the extra head's accumulators: head G's, after the group's */
+	/* the extra heads' accumulators: heads G.., after the group's */
 	float *const xo = t->acc + (size_t)G * D + c0 * 16;
-	__m512 acc[16], ax[4];
+	__m512 acc[16], ax[8];
 	int i = 0;
 
 	for (int g = 0; g < GP; g++)
 		for (int cc = 0; cc < nc; cc++)
 			acc[g * W + cc] = g < G ? _mm512_loadu_ps(t->acc + (size_t)g * D + (c0 + cc) * 16)
 						: _mm512_setzero_ps();
-	for (int cc = 0; cc < nc && X; cc++)
-		ax[cc] = _mm512_loadu_ps(xo + cc * 16);
+	for (int h = 0; h < X; h++)
+		for (int cc = 0; cc < nc; cc++)
+			ax[h * 4 + cc] = _mm512_loadu_ps(xo + (size_t)h * D + cc * 16);
 	for (; i + W <= n; i += W) {
 		const float *pv = s + (size_t)(i / W) * 16;
 
@@ -771,8 +784,9 @@ AI void sl_out_pass(const struct kva__tile *t, const struct kva__rows *bk, size_
 	for (int g = 0; g < GP && g < G; g++)
 		for (int cc = 0; cc < nc; cc++)
 			_mm512_storeu_ps(t->acc + (size_t)g * D + (c0 + cc) * 16, acc[g * W + cc]);
-	for (int cc = 0; cc < nc && X; cc++)
-		_mm512_storeu_ps(xo + cc * 16, ax[cc]);
+	for (int h = 0; h < X; h++)
+		for (int cc = 0; cc < nc; cc++)
+			_mm512_storeu_ps(xo + (size_t)h * D + cc * 16, ax[h * 4 + cc]);
 }
 
 /* head @g's output accumulators times @r: the running maximum moved */
@@ -786,23 +800,25 @@ AI void sl_scale_acc(const struct kva__tile *t, int g, int NC, float r)
 }
 
 /*
- * One KV head's turn at a block, sliced: scores, softmax, output. With @X,
- * one head more (head G, its q after the group's kva__avx512_qrows rows:
- * a group of 5 as subgroups, 4 + 1, head_block) rides along: its dot
- * products take each K chunk the group's take (g4_scores) or the fp32
- * rows (sl_scores), and its output each V chunk the group's converted,
- * where as a subgroup of its own it read and converted the rows again.
- * The same sums in the same order: bit for bit the subgroup's results.
- * Paired against the subgroup on Zen 5 (family 26 model 2, kvarena-ab
- * --isa avx512 --group 5, 2 threads, both orders; doc/figures.md,
- * thirty-seventh session): f16 head_dim 128 1.11-1.12x as fast out of
- * cache, bf16 1.10-1.11x, fp8 1.41-1.42x, f32 1.14-1.15x, int8
- * 1.06-1.08x, head_dims 64-256 1.07-1.15x, in L3 1.11-1.12x, one page
- * 1.12-1.16x; group 21 1.01-1.03x.
+ * One KV head's turn at a block, sliced: scores, softmax, output. With @X
+ * (1 or 2, at W 4 only), as many heads more (heads G.., their q after the
+ * group's kva__avx512_qrows rows: a group of 5 or 6 as subgroups, 4 + 1
+ * or 4 + 2, head_block) ride along: their dot products take each K chunk
+ * the group's take (g4_scores) or the fp32 rows (sl_scores), and their
+ * output each V chunk the group's converted, where as a subgroup of their
+ * own they read and converted the rows again. Their sums are the
+ * subgroup's, in the same order: bit for bit its results.
+ * Paired on Zen 5 (family 26 model 2, kvarena-ab --isa avx512, 2
+ * threads, both orders; doc/figures.md, thirty-seventh session), group 5
+ * against 4 + 1 as subgroups: f16 head_dim 128 1.08-1.12x as fast out of
+ * cache, bf16 1.10-1.11x, fp8 1.41-1.42x, f32 1.24-1.27x, int8
+ * 1.06-1.08x, head_dims 64-256 1.07-1.15x, in L3 1.10-1.12x, one page
+ * 1.12-1.16x; group 21 1.01-1.03x. Group 6 against its padded 8
+ * (kva__avx512_sub): kernels_pvt.h.
  */
 AI void sl_block(const struct kva__tile *t, const struct kva__rows *bk, struct kva__pfq *pq,
 		 int32_t tb, size_t hoff, const enum kva_dtype dt, int NC, const int W,
-		 const bool X)
+		 const int X)
 {
 	const int G = t->group, n = bk->n, nvec = (n + W - 1) / W;
 	const bool scaled = dt == KVA_FP8_E4M3 || dt == KVA_INT8;
@@ -817,7 +833,7 @@ AI void sl_block(const struct kva__tile *t, const struct kva__rows *bk, struct k
 	/* the extra head's q, its sums unreduced (token i's 16 at u + 16 i) and
 	 * its scores, then p */
 	const float *const xq = t->q + (size_t)kva__avx512_qrows(G, NC * 16) * NC * 16;
-	_Alignas(64) float u[KVA__BLOCK_TOKENS * 16], px[KVA__BLOCK_TOKENS];
+	_Alignas(64) float u[2 * KVA__BLOCK_TOKENS * 16], px[2 * KVA__BLOCK_TOKENS];
 	__m512 mv = minf, mold, mnew, rv, lv, psum = _mm512_setzero_ps();
 	int scored;
 
@@ -831,20 +847,22 @@ AI void sl_block(const struct kva__tile *t, const struct kva__rows *bk, struct k
 			sl_scores(t, bk, pq, hoff, scored, s, kf, xq, u, dt, NC, W, X);
 	if (scaled)
 		kva__scales_at(t, tb, n, t->kv_head, ks, vs);
-	if (X) {
-		/* 16 tokens' sums a reduce16 (the rows up to a 16 past the
-		 * last scored 0: lanes the fold masks off), folded as a dot
-		 * product's (dot_fold) */
-		for (; scored % 16; scored++)
-			_mm512_store_ps(u + (size_t)scored * 16, _mm512_setzero_ps());
+	/* each extra head's sums, 16 tokens a reduce16 (the rows up to a 16
+	 * past the last scored 0: lanes the fold masks off), folded as a
+	 * dot product's (dot_fold) */
+	for (int h = 0; h < X; h++) {
+		float *const uh = u + (size_t)h * KVA__BLOCK_TOKENS * 16, *const ph = px + h * KVA__BLOCK_TOKENS;
+
+		for (int j = scored; j % 16; j++)
+			_mm512_store_ps(uh + (size_t)j * 16, _mm512_setzero_ps());
 		for (int i = 0; i < n; i += 16) {
 			__m512 v[16];
 
 			for (int j = 0; j < 16; j++)
-				v[j] = _mm512_load_ps(u + (size_t)(i + j) * 16);
-			_mm512_store_ps(px + i, reduce16(v));
+				v[j] = _mm512_load_ps(uh + (size_t)(i + j) * 16);
+			_mm512_store_ps(ph + i, reduce16(v));
 		}
-		dot_fold(t, G, px, n, ks, vs, dt, NC);
+		dot_fold(t, G + h, ph, n, ks, vs, dt, NC);
 	}
 	/* the block's maxima; a pad head's lanes and a token's past the end
 	 * are -inf, so that their p is 0 */
@@ -897,7 +915,7 @@ AI void sl_block(const struct kva__tile *t, const struct kva__rows *bk, struct k
  * from @pq (head_block) or from the cursor @pf. */
 AI void head_subgroup(const struct kva__tile *t, const struct kva__rows *bk,
 		     struct kva__pf *pf, struct kva__pfq *pq, bool listed, int32_t tb,
-		     size_t hoff, const enum kva_dtype dt, int NC, const bool ALL, bool x)
+		     size_t hoff, const enum kva_dtype dt, int NC, const bool ALL, int x)
 {
 	const int G = t->group, D = NC * 16;
 	_Alignas(64) float s[KVA__MAX_GROUP][KVA__BLOCK_TOKENS];
@@ -906,16 +924,18 @@ AI void head_subgroup(const struct kva__tile *t, const struct kva__rows *bk,
 	pq->t0 = false; /* the sliced sites ask with T1 */
 	switch (kva__avx512_gp(G, D)) { /* sliced: groups 3 to 16 but 5, 9-11 */
 	case 4:
-		if (x)
-			sl_block(t, bk, pq, tb, hoff, dt, NC, 4, true);
+		if (x == 1)
+			sl_block(t, bk, pq, tb, hoff, dt, NC, 4, 1);
+		else if (x == 2)
+			sl_block(t, bk, pq, tb, hoff, dt, NC, 4, 2);
 		else
-			sl_block(t, bk, pq, tb, hoff, dt, NC, 4, false);
+			sl_block(t, bk, pq, tb, hoff, dt, NC, 4, 0);
 		return;
 	case 8:
-		sl_block(t, bk, pq, tb, hoff, dt, NC, 2, false);
+		sl_block(t, bk, pq, tb, hoff, dt, NC, 2, 0);
 		return;
 	case 16:
-		sl_block(t, bk, pq, tb, hoff, dt, NC, 1, false);
+		sl_block(t, bk, pq, tb, hoff, dt, NC, 1, 0);
 		return;
 	}
 	/* the next turn's lines: in the head_dim 64 and 128 instances
@@ -988,16 +1008,17 @@ AI void head_block(struct kva__tile *t, const struct kva__rows *bk, struct kva__
 	int32_t g0 = 0;
 	bool listed;
 
-	t->group = kva__avx512_sub(group, D, t->subgroups);
+	t->group = kva__avx512_sub(group, D, kva__esize(dt), t->subgroups);
 	/* the sliced groups, and the dot products of the head_dim 64 and
 	 * 128 instances, ask from the list; the generic instance's from the
 	 * cursor (kva__pf_step) */
 	listed = !ALL || kva__avx512_gp(t->group, D);
 	kva__pfq_begin(pf, &pq, run, listed);
 	for (;;) {
-		/* a last single head after a subgroup of 4 rides along in
-		 * it (sl_block's X): a group of 5 is one subgroup of 4 + 1 */
-		const bool x = group - g0 - t->group == 1 && kva__avx512_gp(t->group, D) == 4;
+		/* a last one or two heads after a subgroup of 4 ride along
+		 * in it (sl_block's X): a group of 5 or 6 is one subgroup */
+		const int32_t rest = group - g0 - t->group;
+		const int x = rest <= 2 && kva__avx512_gp(t->group, D) == 4 ? rest : 0;
 
 		head_subgroup(t, bk, pf, &pq, listed, tb, hoff, dt, NC, ALL, x);
 		kva__pfq_end(&pq);
@@ -1008,7 +1029,7 @@ AI void head_block(struct kva__tile *t, const struct kva__rows *bk, struct kva__
 		t->acc += (size_t)t->group * D;
 		t->m += t->group;
 		t->l += t->group;
-		t->group = kva__avx512_sub(group - g0, D, true);
+		t->group = kva__avx512_sub(group - g0, D, kva__esize(dt), true);
 	}
 }
 
@@ -1033,12 +1054,12 @@ static int acc_parts(int G, int NC)
  * ACC_STEP V rows of each part. The sliced tile's sites and the head_dim
  * 64 and 128 instances' inline steps (groups 1 and 2, head_block's dq)
  * ask for counts of their own (sl_pf_lines, dot_ask): none. */
-static int head_steps(int G, int NC, int n, bool ALL, bool subgroups)
+static int head_steps(int G, int NC, int n, size_t esize, bool ALL, bool subgroups)
 {
 	const int tb = G == 1 ? 16 : G == 2 ? 8 : 4;
 
 	/* as subgroups, the first is sliced (kva__avx512_sub) */
-	if (kva__avx512_gp(G, NC * 16) || !ALL || kva__avx512_sub(G, NC * 16, subgroups) != G)
+	if (kva__avx512_gp(G, NC * 16) || !ALL || kva__avx512_sub(G, NC * 16, esize, subgroups) != G)
 		return 0;
 	return (n + tb - 1) / tb + acc_parts(G, NC) * ((n + ACC_STEP - 1) / ACC_STEP);
 }
@@ -1048,7 +1069,8 @@ AI void tile(const struct kva__tile *t, const enum kva_dtype dt, int NC, const b
 	const size_t row_bytes = (size_t)NC * 16 * kva__esize(dt);
 	struct kva__blocks b;
 
-	kva__blocks_begin(&b, t, row_bytes, head_steps(t->group, NC, KVA__BLOCK_TOKENS, ALL, t->subgroups),
+	kva__blocks_begin(&b, t, row_bytes,
+			  head_steps(t->group, NC, KVA__BLOCK_TOKENS, kva__esize(dt), ALL, t->subgroups),
 			  true);
 	for (int32_t tb = t->t0; tb < t->t1; tb += KVA__BLOCK_TOKENS) {
 		const struct kva__rows *bk = kva__blocks_next(&b, t, tb);
