@@ -24,8 +24,9 @@
  * 9-11 and past 16 run as subgroups instead (head_block,
  * kva__avx512_sub): 16, 8 or 4 heads sliced, then the rest (a group of 1
  * or 2 as dot products, or of 3 sliced), one after the other over the
- * same rows; a single head after 4 (groups 5, 21) runs inside the 4's
- * block instead, on the chunks they convert (sl_block's X).
+ * same rows; a last one or two heads after 4 (groups 5, 21, and 6 at
+ * elements of up to 2 bytes) run inside the 4's block instead, on the
+ * chunks it converts (sl_block's X).
  *
  * The next turn's rows (a head's at a block, kernels_pvt.h) are prefetched
  * while this one is computed (pages are scattered, and the hardware
