@@ -146,8 +146,8 @@ static inline int kva__avx512_gp(int32_t group, int32_t head_dim)
  * subgroups one after another, 6 read 1.05-1.09x as fast at f16 on Zen 5
  * but 0.80-0.84 at fp8, whose conversion the second subgroup did again,
  * and 0.97 at head_dim 64 (doc/figures.md, thirty-fifth session). As 4 +
- * 2 in one block (thirty-seventh session) 6 reads 1.16-1.19x as fast at
- * f16, bf16 1.17x, fp8 1.08-1.09x, int8 1.21x, head_dims 64-256
+ * 2 in one block (thirty-seventh session) 6 reads 1.16-1.20x as fast at
+ * f16, bf16 1.15-1.17x, fp8 1.08-1.10x, int8 1.20-1.22x, head_dims 64-256
  * 1.02-1.39x, but f32 (twice the bytes a row, memory bound) 0.93-0.96
  * and 0.90-0.93 at head_dim 64, so f32 keeps its padded 8.
  */
