@@ -831,8 +831,9 @@ AI void sl_block(const struct kva__tile *t, const struct kva__rows *bk, struct k
 	_Alignas(64) float s[KVA__BLOCK_TOKENS * 16];
 	_Alignas(64) float kf[SL_TB * KVA__SLICED_MAX_DIM];
 	_Alignas(64) float ks[KVA__BLOCK_TOKENS], vs[KVA__BLOCK_TOKENS], r[16];
-	/* the extra head's q, its sums unreduced (token i's 16 at u + 16 i) and
-	 * its scores, then p */
+	/* the extra heads' q (head h's at xq + h D), their sums unreduced
+	 * (head h's token i's 16 at u + 16 (48 h + i)) and their scores, then
+	 * p (at px + 48 h) */
 	const float *const xq = t->q + (size_t)kva__avx512_qrows(G, NC * 16) * NC * 16;
 	_Alignas(64) float u[2 * KVA__BLOCK_TOKENS * 16], px[2 * KVA__BLOCK_TOKENS];
 	__m512 mv = minf, mold, mnew, rv, lv, psum = _mm512_setzero_ps();
@@ -852,7 +853,8 @@ AI void sl_block(const struct kva__tile *t, const struct kva__rows *bk, struct k
 	 * past the last scored 0: lanes the fold masks off), folded as a
 	 * dot product's (dot_fold) */
 	for (int h = 0; h < X; h++) {
-		float *const uh = u + (size_t)h * KVA__BLOCK_TOKENS * 16, *const ph = px + h * KVA__BLOCK_TOKENS;
+		float *const uh = u + (size_t)h * KVA__BLOCK_TOKENS * 16;
+		float *const ph = px + h * KVA__BLOCK_TOKENS;
 
 		for (int j = scored; j % 16; j++)
 			_mm512_store_ps(uh + (size_t)j * 16, _mm512_setzero_ps());
