@@ -224,9 +224,11 @@ void kva__avx2_cols_force(int yes)
  * avx512`, both orders, 2 threads, f16, head_dim 128; doc/figures.md,
  * thirty-fifth session), out of cache group 5 read 1.25-1.31x as fast,
  * 9 1.20-1.33x, 10 1.22-1.31x, 11 1.14-1.17x; on one page 1.34-1.63x,
- * 1.30-1.52x, 1.24-1.32x, 1.12-1.17x; f32 group 5 0.91-0.95 (1.78x on one page), the one loss
- * seen (since the thirty-seventh session its last head rides in the 4's
- * block, and group 6 runs as 4 + 2 so: kernels_pvt.h). Other CPUs keep the dot products: on Intel Xeon family 6 model
+ * 1.30-1.52x, 1.24-1.32x, 1.12-1.17x; f32 group 5 0.91-0.95 (1.78x on
+ * one page), the one loss seen (since the thirty-seventh session its
+ * last head rides in the 4's block, 1.24-1.27x as fast as then, and
+ * group 6 runs as 4 + 2 so: kernels_pvt.h). Other CPUs keep the dot
+ * products: on Intel Xeon family 6 model
  * 207 they had read these groups faster than padded sliced ones (README),
  * and subgroups were not measured there; Zen 4 runs its sliced groups on
  * the AVX2 tile (kva__avx512_split). Asked once; a test may say otherwise
