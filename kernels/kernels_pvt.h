@@ -137,10 +137,12 @@ static inline int kva__avx512_gp(int32_t group, int32_t head_dim)
  * from the first on), each a group of its own: 16, 8 or 4 heads sliced
  * first, then the rest, cut the same way. So 5 = 4 + 1, 9 = 8 + 1, 10 =
  * 8 + 2, 11 = 8 + 3, 21 = 16 + 4 + 1; and 6 = 4 + 2 at elements of
- * @esize 2 bytes or less. A last 1 or 2 after 4 is computed inside the
- * 4's block (tile_avx512.c, sl_block's X), laid out as here. The heads of
- * the first subgroup of @group (all of them: one); each subgroup's q is
- * laid out as its own group's, kva__avx512_qrows rows (decode.c).
+ * @esize 2 bytes or less. A last 1 or 2 after a sliced 4, 8 or 16 is
+ * computed inside its block (tile_avx512.c, sl_block's X, rider_turn),
+ * laid out as here (groups 5, 6, 9, 10, 17, 18; 21 is 16, then 4 + 1).
+ * The heads of the first subgroup of @group (all of them: one); each
+ * subgroup's q is laid out as its own group's, kva__avx512_qrows rows
+ * (decode.c).
  *
  * Groups that have a padded sliced shape (6, 12-14) keep it otherwise: as
  * subgroups one after another, 6 read 1.05-1.09x as fast at f16 on Zen 5

@@ -24,9 +24,10 @@
  * 9-11 and past 16 run as subgroups instead (head_block,
  * kva__avx512_sub): 16, 8 or 4 heads sliced, then the rest (a group of 1
  * or 2 as dot products, or of 3 sliced), one after the other over the
- * same rows; a last one or two heads after 4 (groups 5, 21, and 6 at
- * elements of up to 2 bytes) run inside the 4's block instead, on the
- * chunks it converts (sl_block's X).
+ * same rows; a last one or two heads after a sliced 4 (groups 5, 21, and
+ * 6 at elements of up to 2 bytes), 8 or 16 (9, 10, 17, 18: tile
+ * instances of their own, rider_turn) run inside its block instead, on
+ * the chunks it converts (sl_block's X).
  *
  * The next turn's rows (a head's at a block, kernels_pvt.h) are prefetched
  * while this one is computed (pages are scattered, and the hardware
@@ -626,19 +627,31 @@ AI void sl_scores(const struct kva__tile *t, const struct kva__rows *bk, struct 
 				_mm512_castpd_ps(_mm512_unpackhi_pd(y0, y1))));
 		}
 	}
-	/* the extra heads, one after the other: 12 sums each over the fp32
-	 * rows, unreduced (head h's token j at u + 16 (48 h + j)) */
-	for (int h = 0; h < X; h++) {
-		for (int j = 0; j < SL_TB; j++)
-			a[j] = _mm512_setzero_ps();
-		for (int c = 0; c < NC; c++) {
-			const __m512 q = _mm512_load_ps(xq + (size_t)h * D + c * 16);
+	/* the extra heads, together: 12 sums each over the fp32 rows, each
+	 * row chunk loaded once for both (27 zmm), unreduced (head h's token
+	 * j at u + 16 (48 h + j)) */
+	if (X) {
+		__m512 b[SL_TB];
 
-			for (int j = 0; j < SL_TB; j++)
-				a[j] = _mm512_fmadd_ps(_mm512_load_ps(kf + j * D + c * 16), q, a[j]);
-		}
 		for (int j = 0; j < SL_TB; j++)
-			_mm512_store_ps(u + (size_t)(h * KVA__BLOCK_TOKENS + i + j) * 16, a[j]);
+			a[j] = b[j] = _mm512_setzero_ps();
+		for (int c = 0; c < NC; c++) {
+			const __m512 q0 = _mm512_load_ps(xq + c * 16);
+			const __m512 q1 = X == 2 ? _mm512_load_ps(xq + D + c * 16) : q0;
+
+			for (int j = 0; j < SL_TB; j++) {
+				const __m512 k = _mm512_load_ps(kf + j * D + c * 16);
+
+				a[j] = _mm512_fmadd_ps(k, q0, a[j]);
+				if (X == 2)
+					b[j] = _mm512_fmadd_ps(k, q1, b[j]);
+			}
+		}
+		for (int j = 0; j < SL_TB; j++) {
+			_mm512_store_ps(u + (size_t)(i + j) * 16, a[j]);
+			if (X == 2)
+				_mm512_store_ps(u + (size_t)(KVA__BLOCK_TOKENS + i + j) * 16, b[j]);
+		}
 	}
 }
 
@@ -730,7 +743,7 @@ AI void sl_out_token(const struct kva__rows *bk, size_t off, const float *pv, co
 		for (int cc = 0; cc < nc; cc++)
 			acc[g * W + cc] = _mm512_fmadd_ps(b, vc[cc], acc[g * W + cc]);
 	}
-	/* the extra heads (W 4): 16 + 4 X accumulators, 4 chunks, a p */
+	/* the extra heads: 16 + W X accumulators, W chunks, a p each */
 	for (int h = 0; h < X; h++) {
 		const __m512 b = _mm512_broadcastss_ps(_mm_load_ss(px + h * KVA__BLOCK_TOKENS + i));
 
@@ -802,13 +815,14 @@ AI void sl_scale_acc(const struct kva__tile *t, int g, int NC, float r)
 
 /*
  * One KV head's turn at a block, sliced: scores, softmax, output. With @X
- * (1 or 2, at W 4 only), as many heads more (heads G.., their q after the
- * group's kva__avx512_qrows rows: a group of 5 or 6 as subgroups, 4 + 1
- * or 4 + 2, head_block) ride along: their dot products take each K chunk
- * the group's take (g4_scores) or the fp32 rows (sl_scores), and their
- * output each V chunk the group's converted, where as a subgroup of their
- * own they read and converted the rows again. Their sums are the
- * subgroup's, in the same order: bit for bit its results.
+ * (1 or 2), as many heads more (heads G.., their q after the group's
+ * kva__avx512_qrows rows: the last one or two of a group run as
+ * subgroups, 4 + 1 and 4 + 2 from head_block, 8 + 1, 8 + 2, 16 + 1 and
+ * 16 + 2 from rider_turn) ride along: their dot products take each K
+ * chunk the group's take (g4_scores) or the fp32 rows (sl_scores), and
+ * their output each V chunk the group's converted, where as a subgroup
+ * of their own they read and converted the rows again. Their sums are
+ * the subgroup's, in the same order: bit for bit its results.
  * Paired on Zen 5 (family 26 model 2, kvarena-ab --isa avx512, 2
  * threads, both orders; doc/figures.md, thirty-seventh session), group 5
  * against 4 + 1 as subgroups: f16 head_dim 128 1.08-1.12x as fast out of
@@ -850,17 +864,22 @@ AI void sl_block(const struct kva__tile *t, const struct kva__rows *bk, struct k
 	if (scaled)
 		kva__scales_at(t, tb, n, t->kv_head, ks, vs);
 	/* each extra head's sums, 16 tokens a reduce16 (the rows up to a 16
-	 * past the last scored 0: lanes the fold masks off), folded as a
-	 * dot product's (dot_fold) */
+	 * past the last scored 0: lanes the fold masks off; past that, 0
+	 * stored, which the fold does not read, so that px is written whole
+	 * where gcc can see it), folded as a dot product's (dot_fold) */
 	for (int h = 0; h < X; h++) {
 		float *const uh = u + (size_t)h * KVA__BLOCK_TOKENS * 16;
 		float *const ph = px + h * KVA__BLOCK_TOKENS;
 
 		for (int j = scored; j % 16; j++)
 			_mm512_store_ps(uh + (size_t)j * 16, _mm512_setzero_ps());
-		for (int i = 0; i < n; i += 16) {
+		for (int i = 0; i < KVA__BLOCK_TOKENS; i += 16) {
 			__m512 v[16];
 
+			if (i >= n) {
+				_mm512_store_ps(ph + i, _mm512_setzero_ps());
+				continue;
+			}
 			for (int j = 0; j < 16; j++)
 				v[j] = _mm512_load_ps(uh + (size_t)(i + j) * 16);
 			_mm512_store_ps(ph + i, reduce16(v));
@@ -925,7 +944,9 @@ AI void head_subgroup(const struct kva__tile *t, const struct kva__rows *bk,
 	_Alignas(64) float ks[KVA__BLOCK_TOKENS], vs[KVA__BLOCK_TOKENS];
 
 	pq->t0 = false; /* the sliced sites ask with T1 */
-	switch (kva__avx512_gp(G, D)) { /* sliced: groups 3 to 16 but 5, 9-11 */
+	/* sliced: groups 3 to 16 but 5, 9-11 (a subgroup's own G: on Zen 5 a
+	 * group of 6 arrives as 4 with x 2, kva__avx512_sub) */
+	switch (kva__avx512_gp(G, D)) {
 	case 4:
 		if (x == 1)
 			sl_block(t, bk, pq, tb, hoff, dt, NC, 4, 1);
@@ -1067,7 +1088,35 @@ static int head_steps(int G, int NC, int n, size_t esize, bool ALL, bool subgrou
 	return (n + tb - 1) / tb + acc_parts(G, NC) * ((n + ACC_STEP - 1) / ACC_STEP);
 }
 
-AI void tile(const struct kva__tile *t, const enum kva_dtype dt, int NC, const bool ALL)
+/*
+ * One KV head's turn at a block for a group of one sliced subgroup of 8
+ * or 16 and one or two heads more (9, 10, 17, 18 on Zen 5,
+ * kva__avx512_sub): the two ride in one block (sl_block's X, at W 2 or
+ * 1), head_block's turn for them with its only shape. They have tile
+ * instances of their own (riders below), so that the other groups' code
+ * is what it was: with these shapes in every tile instead, group 6 read
+ * 0.95-0.98 as fast (f16, bf16, head_dims 64 and 128, in and out of
+ * cache), its own code the same (Zen 5, paired both orders;
+ * doc/figures.md, thirty-eighth session).
+ */
+AI void rider_turn(struct kva__tile *t, const struct kva__rows *bk, struct kva__pf *pf,
+		   int32_t tb, size_t hoff, const enum kva_dtype dt, int NC, const int W,
+		   const int X)
+{
+	const char *run[KVA__PFQ_RUNS][2];
+	struct kva__pfq pq;
+
+	t->group = 16 / W;
+	kva__pfq_begin(pf, &pq, run, true);
+	pq.t0 = false; /* the sliced sites ask with T1 */
+	sl_block(t, bk, &pq, tb, hoff, dt, NC, W, X);
+	kva__pfq_end(&pq);
+}
+
+/* the tile: each KV head's turns by head_block, or (@RW, the W of the
+ * riders' block, not 0) by rider_turn with @RX heads riding */
+AI void tile(const struct kva__tile *t, const enum kva_dtype dt, int NC, const bool ALL,
+	     const int RW, const int RX)
 {
 	const size_t row_bytes = (size_t)NC * 16 * kva__esize(dt);
 	struct kva__blocks b;
@@ -1083,7 +1132,12 @@ AI void tile(const struct kva__tile *t, const enum kva_dtype dt, int NC, const b
 
 			kva__blocks_turn(&b, t, h);
 			kva__tile_head(t, h, &th);
-			head_block(&th, bk, &b.pf, tb, kva__head_offset(t->kv, h), dt, NC, ALL);
+			if (RW)
+				rider_turn(&th, bk, &b.pf, tb, kva__head_offset(t->kv, h), dt, NC,
+					   RW, RX);
+			else
+				head_block(&th, bk, &b.pf, tb, kva__head_offset(t->kv, h), dt,
+					   NC, ALL);
 			kva__blocks_turn_end(&b, bk);
 		}
 	}
@@ -1108,22 +1162,74 @@ static inline bool tile_fits(const struct kva__tile *t)
 	       (t->subgroups && t->kv->head_dim <= KVA__SLICED_MAX_DIM);
 }
 
+/* the heads past a sliced subgroup of 8 or 16 that ride in its block
+ * (rider_turn): 1 or 2 (groups 9, 10, 17, 18 where subgroups run), or 0 */
+static inline int32_t riding(const struct kva__tile *t)
+{
+	const int32_t D = t->kv->head_dim;
+	const int32_t sub = kva__avx512_sub(t->group, D, kva__esize(t->kv->dtype), t->subgroups);
+	const int gp = kva__avx512_gp(sub, D);
+
+	return (gp == 8 || gp == 16) && t->group - sub <= 2 ? t->group - sub : 0;
+}
+
+AI void riders_nc(const struct kva__tile *t, const enum kva_dtype dt, int NC, int W, int X)
+{
+	if (W == 2 && X == 1)
+		tile(t, dt, NC, false, 2, 1);
+	else if (W == 2)
+		tile(t, dt, NC, false, 2, 2);
+	else if (X == 1)
+		tile(t, dt, NC, false, 1, 1);
+	else
+		tile(t, dt, NC, false, 1, 2);
+}
+
+/* the riders' tile, each shape a constant instance; head_dims 128 and 64
+ * in functions of their own, as the others' (rather than one function for
+ * all three, whose head_dim 64 read group 10 0.84-0.87 as fast as its
+ * subgroups) */
+AI void riders(const struct kva__tile *t, const enum kva_dtype dt, int NC)
+{
+	const int32_t X = riding(t);
+
+	riders_nc(t, dt, NC, 16 / kva__avx512_gp(t->group - X, NC * 16), X);
+}
+
 #define TILE_INSTANCES(DT, name)                                                  \
 	static __attribute__((noinline)) void name##_128(const struct kva__tile *t) \
 	{                                                                         \
-		tile(t, DT, 8, false);                                            \
+		tile(t, DT, 8, false, 0, 0);                                      \
 	}                                                                         \
 	static __attribute__((noinline)) void name##_64(const struct kva__tile *t)  \
 	{                                                                         \
-		tile(t, DT, 4, false);                                            \
+		tile(t, DT, 4, false, 0, 0);                                      \
 	}                                                                         \
 	static __attribute__((noinline)) void name##_any(const struct kva__tile *t) \
 	{                                                                         \
-		tile(t, DT, t->kv->head_dim / 16, true);                          \
+		tile(t, DT, t->kv->head_dim / 16, true, 0, 0);                    \
+	}                                                                         \
+	static __attribute__((noinline)) void name##_riders_128(const struct kva__tile *t) \
+	{                                                                         \
+		riders(t, DT, 8);                                                 \
+	}                                                                         \
+	static __attribute__((noinline)) void name##_riders_64(const struct kva__tile *t) \
+	{                                                                         \
+		riders(t, DT, 4);                                                 \
+	}                                                                         \
+	static __attribute__((noinline)) void name##_riders_any(const struct kva__tile *t) \
+	{                                                                         \
+		riders(t, DT, t->kv->head_dim / 16);                              \
 	}                                                                         \
 	static void name(const struct kva__tile *t)                               \
 	{                                                                         \
-		if (t->kv->head_dim == 128 && tile_fits(t))                       \
+		if (riding(t) && t->kv->head_dim == 128)                          \
+			name##_riders_128(t);                                     \
+		else if (riding(t) && t->kv->head_dim == 64)                      \
+			name##_riders_64(t);                                      \
+		else if (riding(t))                                               \
+			name##_riders_any(t);                                     \
+		else if (t->kv->head_dim == 128 && tile_fits(t))                  \
 			name##_128(t);                                            \
 		else if (t->kv->head_dim == 64 && tile_fits(t))                   \
 			name##_64(t);                                             \

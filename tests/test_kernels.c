@@ -644,7 +644,7 @@ struct choice {
 	void (*force)(int);             /* its force: 1 yes, 0 no, -1 the CPU's */
 	void (*way)(int);               /* what makes the path take way 0 or 1 */
 	const char *ways[2];            /* way 0's and way 1's names, for messages */
-	int32_t dims[6], groups[6];     /* head_dims and groups, 0-terminated */
+	int32_t dims[6], groups[8];     /* head_dims and groups, 0-terminated */
 	int32_t lens[4];
 	uint64_t seed;
 	void (*check)(const struct two_ways *w);
@@ -847,9 +847,9 @@ static void test_one_head_scores_the_same_either_way(void **state)
  * (kva__avx512_subgroups): both, every dtype, head_dims 64 and 128 (the
  * fitted instances) and 80, 96, 256 (the generic one), groups 5 (4 + 1,
  * the 1 inside the 4's block), 6 (4 + 2 so, but f32: its padded sliced
- * shape either way), 10 (8 + 2), 11 (8 + 3, a sliced rest) and 21
- * (16 + 4 + 1), HND and
- * NHD, against each other and against the reference; and the force's
+ * shape either way), 9 and 10 (8 + 1, 8 + 2, inside the 8's), 11 (8 + 3,
+ * a sliced rest), 18 (16 + 2, inside the 16's) and 21 (16, then 4 + 1),
+ * HND and NHD, against each other and against the reference; and the force's
  * semantics. The last sequence is two whole blocks, so that the last
  * tile's last turn, with no turn after it to ask for, is a whole block,
  * whose prefetch steps the sanitizer builds count (KVA__PF_AUDIT): the
@@ -860,7 +860,7 @@ static void test_one_head_scores_the_same_either_way(void **state)
 static const struct choice choice_subgroups = {
 	KVA_ISA_AVX512, kva__avx512_subgroups, kva__avx512_subgroups_force,
 	kva__avx512_subgroups_force, { "dot products", "subgroups" }, { 64, 80, 96, 128, 256 },
-	{ 5, 6, 10, 11, 21 }, { 702, 39, 298, 96 }, 97, check_close,
+	{ 5, 6, 9, 10, 11, 18, 21 }, { 702, 39, 298, 96 }, 97, check_close,
 	"AVX-512 groups 5, 9-11 and past 16 as",
 };
 
