@@ -1152,7 +1152,8 @@ AI void tile(const struct kva__tile *t, const enum kva_dtype dt, int NC, const b
  * takes any group and head_dim, with every shape (ALL). The dot products'
  * shapes for 3 heads and more in every instance made this file take gcc
  * with ASan and UBSan 5 minutes to compile, against 1.4 before the sliced
- * groups.
+ * groups. The riders (groups 9, 10, 17, 18 on Zen 5, rider_turn) have the
+ * same three of their own.
  */
 /* the groups the instances without ALL take: dot products for 1 and 2,
  * sliced for the rest (their head_block has no other shapes) */
