@@ -1095,7 +1095,7 @@ static int head_steps(int G, int NC, int n, size_t esize, bool ALL, bool subgrou
  * 1), head_block's turn for them with its only shape. They have tile
  * instances of their own (riders below), so that the other groups' code
  * is what it was: with these shapes in every tile instead, group 6 read
- * 0.95-0.98 as fast (f16, bf16, head_dims 64 and 128, in and out of
+ * 0.94-0.98 as fast (f16, bf16, head_dims 64 and 128, in and out of
  * cache), its own code the same (Zen 5, paired both orders;
  * doc/figures.md, thirty-eighth session).
  */
