@@ -1163,14 +1163,24 @@ static inline bool tile_fits(const struct kva__tile *t)
 	       (t->subgroups && t->kv->head_dim <= KVA__SLICED_MAX_DIM);
 }
 
-/* the heads past a sliced subgroup of 8 or 16 that ride in its block
- * (rider_turn): 1 or 2 (groups 9, 10, 17, 18 where subgroups run), or 0 */
+/*
+ * The heads past a sliced subgroup of 8 or 16 that ride in its block
+ * (rider_turn): 1 or 2 (groups 9, 10, 17, 18 where subgroups run), or 0.
+ * Not f16 at head_dim 64, the one shape where they lost: there the riders
+ * read groups 9, 10, 17 and 18 0.95-0.99 as fast as the subgroups (Zen 5,
+ * paired both orders; at head_dim 64 bf16 0.98-1.01, f32 0.99-1.08, int8
+ * 1.01-1.07, fp8 1.16-1.24; f16 at head_dims 32 and 96 1.08-1.23;
+ * doc/figures.md, thirty-ninth session), and with the generic riders'
+ * instance 0.90-0.92 as fast as with the head_dim 64 one.
+ */
 static inline int32_t riding(const struct kva__tile *t)
 {
 	const int32_t D = t->kv->head_dim;
 	const int32_t sub = kva__avx512_sub(t->group, D, kva__esize(t->kv->dtype), t->subgroups);
 	const int gp = kva__avx512_gp(sub, D);
 
+	if (t->kv->dtype == KVA_F16 && D == 64)
+		return 0;
 	return (gp == 8 || gp == 16) && t->group - sub <= 2 ? t->group - sub : 0;
 }
 
@@ -1190,10 +1200,8 @@ AI void riders_nc(const struct kva__tile *t, const enum kva_dtype dt, int NC, in
  * in functions of their own, as the others' (rather than one function for
  * all three, whose head_dim 64 read group 10 0.84-0.87 as fast as its
  * subgroups) */
-AI void riders(const struct kva__tile *t, const enum kva_dtype dt, int NC)
+AI void riders(const struct kva__tile *t, const enum kva_dtype dt, int NC, int32_t X)
 {
-	const int32_t X = riding(t);
-
 	riders_nc(t, dt, NC, 16 / kva__avx512_gp(t->group - X, NC * 16), X);
 }
 
@@ -1210,26 +1218,31 @@ AI void riders(const struct kva__tile *t, const enum kva_dtype dt, int NC)
 	{                                                                         \
 		tile(t, DT, t->kv->head_dim / 16, true, 0, 0);                    \
 	}                                                                         \
-	static __attribute__((noinline)) void name##_riders_128(const struct kva__tile *t) \
+	static __attribute__((noinline)) void name##_riders_128(const struct kva__tile *t, \
+							      int32_t x)          \
 	{                                                                         \
-		riders(t, DT, 8);                                                 \
+		riders(t, DT, 8, x);                                              \
 	}                                                                         \
-	static __attribute__((noinline)) void name##_riders_64(const struct kva__tile *t) \
+	static __attribute__((noinline)) void name##_riders_64(const struct kva__tile *t, \
+							      int32_t x)          \
 	{                                                                         \
-		riders(t, DT, 4);                                                 \
+		riders(t, DT, 4, x);                                              \
 	}                                                                         \
-	static __attribute__((noinline)) void name##_riders_any(const struct kva__tile *t) \
+	static __attribute__((noinline)) void name##_riders_any(const struct kva__tile *t, \
+							      int32_t x)          \
 	{                                                                         \
-		riders(t, DT, t->kv->head_dim / 16);                              \
+		riders(t, DT, t->kv->head_dim / 16, x);                           \
 	}                                                                         \
 	static void name(const struct kva__tile *t)                               \
 	{                                                                         \
-		if (riding(t) && t->kv->head_dim == 128)                          \
-			name##_riders_128(t);                                     \
-		else if (riding(t) && t->kv->head_dim == 64)                      \
-			name##_riders_64(t);                                      \
-		else if (riding(t))                                               \
-			name##_riders_any(t);                                     \
+		const int32_t x = riding(t);                                      \
+                                                                                  \
+		if (x && t->kv->head_dim == 128)                                  \
+			name##_riders_128(t, x);                                  \
+		else if (x && t->kv->head_dim == 64)                              \
+			name##_riders_64(t, x);                                   \
+		else if (x)                                                       \
+			name##_riders_any(t, x);                                  \
 		else if (t->kv->head_dim == 128 && tile_fits(t))                  \
 			name##_128(t);                                            \
 		else if (t->kv->head_dim == 64 && tile_fits(t))                   \
