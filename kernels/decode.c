@@ -35,6 +35,7 @@ struct plan {
 	int32_t one_step;          /* struct kva__tile's */
 	bool pf_queue;             /* struct kva__tile's */
 	bool pf_t0;                /* struct kva__tile's */
+	bool pf_hint_t0;           /* struct kva__tile's */
 	bool sl_dot;               /* struct kva__tile's; q of 3 or 4 heads [4][head_dim] (q_sub) */
 	bool one_cols;             /* struct kva__tile's */
 	bool subgroups;            /* struct kva__tile's */
@@ -328,6 +329,7 @@ static bool tile_at(const struct plan *p, uint32_t tile, struct kva__tile *t)
 		.one_step = p->one_step,
 		.pf_queue = p->pf_queue,
 		.pf_t0 = p->pf_t0,
+		.pf_hint_t0 = p->pf_hint_t0,
 		.sl_dot = p->sl_dot,
 		.one_cols = p->one_cols,
 		.subgroups = p->subgroups,
@@ -487,8 +489,14 @@ int kva_decode(const struct kva_kv_desc *kv, const struct kva_page_table *pt, co
 			p.one_step = kva__avx2_one_step(kv->dtype, kv->head_dim,
 							num_q_heads / kv->num_kv_heads, kept);
 	}
-	/* the AVX-512 tile's dot products' hint (struct kva__pfq) */
+	/* the AVX-512 tile's dot products' hint (struct kva__pfq); T0 for
+	 * every prefetch of either tile where the core drops T1's, which the
+	 * count of prefetches kept measures (its first call probes) */
 	p.pf_t0 = p.tile == kva__tile_avx512 && kva__pf_t0();
+	if (p.tile == kva__tile_avx512)
+		(void)kva_cpu_prefetch_kept();
+	p.pf_hint_t0 = (p.tile == kva__tile_avx512 || p.tile == kva__tile_avx2) &&
+		       kva__pf_hint_t0();
 	threads = o.threads ? o.threads : kva_kernel_threads();
 	p.kv = kv;
 	p.pt = pt;

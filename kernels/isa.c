@@ -281,7 +281,6 @@ const char *kva_isa_name(enum kva_isa isa)
 #define KEPT_OFF 2          /* a round that keeps no more than this did not count */
 #define KEPT_WAIT_NS 5000   /* 5 us: 20-odd memory latencies */
 #define PAGE 4096u
-#define RDTSCP_BIT (1u << 27) /* CPUID.80000001H:EDX; not in every cpuid.h */
 
 static uint64_t now_ns(void)
 {
@@ -337,24 +336,49 @@ static void cold_lines(char *buf, uint64_t *rng, const char *line[KEPT_BURST])
  * whether the wait is 2 or 100 us. A spell says what the host is doing at
  * that moment, not what the core can do, so its rounds do not count. A
  * core whose prefetches are dropped for want of room still keeps its
- * misses in flight (Zen 3: 21-26). Return: the count; 0 if no round
- * counted (a spell: try again later), or if a load from memory timed
- * under twice one from the cache (not told apart this time: one probe
- * timed while the machine was busy elsewhere must not decide for the
- * whole process, and a machine where they never differ pays 16 probes of
- * about a millisecond); -1 if it can never be told (no RDTSCP).
+ * misses in flight (Zen 3: 21-26). Each round also asks for a second
+ * burst of fresh lines with T0: on some hosts of the same CPU (Zen 5,
+ * family 26 model 2, thirty-ninth session) prefetcht1 and prefetcht2 bring
+ * no line at all, round after round, where prefetcht0 brings all 64
+ * (a line read 5 us after a T1 prefetch took as long as one never asked
+ * for). Such a round is no spell: the core keeps T0's, and where those
+ * rounds are the ones that count, *t0_only is set and the count is T0's,
+ * which the tiles then ask with (kva__pf_hint_t0). Return: the count; 0
+ * if no round counted (a spell: try again later), or if a load from
+ * memory timed under twice one from the cache (not told apart this time:
+ * one probe timed while the machine was busy elsewhere must not decide
+ * for the whole process, and a machine where they never differ pays 16
+ * probes of about a millisecond).
  */
-static int32_t measure_kept(void)
+/* a burst of prefetches with hint T0 (@t0) or T1 to @line, and how many
+ * of them are in a cache KEPT_WAIT_NS later (a load under @limit ticks) */
+static uint64_t kept_burst(const char *const line[KEPT_BURST], bool t0, uint64_t limit)
+{
+	uint64_t until, got = 0;
+
+	for (unsigned i = 0; i < KEPT_BURST; i++)
+		if (t0)
+			_mm_prefetch(line[i], _MM_HINT_T0);
+		else
+			_mm_prefetch(line[i], _MM_HINT_T1);
+	until = now_ns() + KEPT_WAIT_NS; /* a prefetch kept has long arrived */
+	while (now_ns() < until)
+		_mm_pause();
+	for (unsigned i = 0; i < KEPT_BURST; i++)
+		got += kva__timed_load(line[i]) <= limit;
+	return got;
+}
+
+static int32_t measure_kept(bool *t0_only)
 {
 	const size_t size = (size_t)KEPT_PAGES * PAGE;
-	unsigned a, b, c, d, n = 0;
+	unsigned n = 0, n0 = 0;
 	const char *line[KEPT_BURST];
-	uint64_t cold[KEPT_BURST], hot[KEPT_BURST], kept[KEPT_ROUNDS], cold_t, hot_t, limit;
+	uint64_t cold[KEPT_BURST], hot[KEPT_BURST], kept[KEPT_ROUNDS], kept0[KEPT_ROUNDS];
+	uint64_t cold_t, hot_t, limit;
 	uint64_t rng = (uint64_t)(uintptr_t)&rng ^ now_ns();
 	char *buf;
 
-	if (!__get_cpuid(0x80000001, &a, &b, &c, &d) || !(d & RDTSCP_BIT))
-		return -1;
 	buf = mmap(NULL, size, PROT_READ | PROT_WRITE, MAP_PRIVATE | MAP_ANONYMOUS, -1, 0);
 	if (buf == MAP_FAILED)
 		return 0;
@@ -371,30 +395,36 @@ static int32_t measure_kept(void)
 	cold_t = median(cold, KEPT_BURST);
 	hot_t = median(hot, KEPT_BURST);
 	limit = (cold_t + hot_t) / 2;
-	for (unsigned k = 0; cold_t >= 2 * hot_t && k < KEPT_TRIES && n < KEPT_ROUNDS; k++) {
-		uint64_t until, got = 0;
+	*t0_only = false;
+	for (unsigned k = 0;
+	     cold_t >= 2 * hot_t && k < KEPT_TRIES && n < KEPT_ROUNDS && n0 < KEPT_ROUNDS; k++) {
+		uint64_t got, got0;
 
+		/* T1: the tiles' hint, whose cursor the count sets; then T0 */
 		cold_lines(buf, &rng, line);
-		/* T1: the AVX2 tile's hint, whose cursor the count sets */
-		for (unsigned i = 0; i < KEPT_BURST; i++)
-			_mm_prefetch(line[i], _MM_HINT_T1);
-		until = now_ns() + KEPT_WAIT_NS; /* a prefetch kept has long arrived */
-		while (now_ns() < until)
-			_mm_pause();
-		for (unsigned i = 0; i < KEPT_BURST; i++)
-			got += kva__timed_load(line[i]) <= limit;
+		got = kept_burst(line, false, limit);
+		cold_lines(buf, &rng, line);
+		got0 = kept_burst(line, true, limit);
 		if (got > KEPT_OFF)
 			kept[n++] = got;
+		else if (got0 > KEPT_OFF) /* T1's dropped, T0's kept: no spell */
+			kept0[n0++] = got0;
 	}
 	munmap(buf, size);
 	if (cold_t < 2 * hot_t)
 		return 0;
-	return n >= KEPT_ROUNDS / 4 ? (int32_t)median(kept, n) : 0;
+	if (n >= KEPT_ROUNDS / 4 && n >= n0)
+		return (int32_t)median(kept, n);
+	if (n0 >= KEPT_ROUNDS / 4) {
+		*t0_only = true;
+		return (int32_t)median(kept0, n0);
+	}
+	return 0;
 }
 
 /*
- * Measured once, by one thread at a time: a probe that counted (or found
- * that it never can: no RDTSCP) is the answer for good; one that fell in a
+ * Measured once, by one thread at a time: a probe that counted is the
+ * answer for good; one that fell in a
  * spell leaves it unknown (0) for a later call to try again, 10 ms later, then
  * 20, 40 ...: spells come with memory traffic (another core's memset made
  * 2-17% of rounds spells), and a busy process may decode through one
@@ -420,6 +450,11 @@ static int32_t measure_kept(void)
  * fork test in scripts/test.sh's TSan run.
  */
 static _Atomic int32_t kept_known = -1; /* -1 not known yet */
+/* the count is T0's: this core drops T1's prefetches (measure_kept), set
+ * before kept_known and read after it (both under kept_busy's order for a
+ * probing thread; for the others a hint, as the count is) */
+static _Atomic bool kept_t0_only;
+static _Atomic int kept_t0_forced; /* 0 the probe's answer, 1 no, 2 yes */
 static atomic_flag kept_busy = ATOMIC_FLAG_INIT;
 static int kept_probes;
 static uint64_t kept_next_ns; /* the next probe not before */
@@ -447,7 +482,11 @@ int32_t kva_cpu_prefetch_kept(void)
 		return 0; /* another thread is measuring */
 	v = atomic_load_explicit(&kept_known, memory_order_relaxed);
 	if (v < 0 && (now = now_ns()) >= kept_next_ns) {
-		v = measure_kept();
+		bool t0_only;
+
+		v = measure_kept(&t0_only);
+		if (v > 0)
+			atomic_store_explicit(&kept_t0_only, t0_only, memory_order_relaxed);
 		if (v != 0 || ++kept_probes == KEPT_PROBES)
 			atomic_store_explicit(&kept_known, v > 0 ? v : 0, memory_order_relaxed);
 		else
@@ -455,4 +494,29 @@ int32_t kva_cpu_prefetch_kept(void)
 	}
 	atomic_flag_clear_explicit(&kept_busy, memory_order_release);
 	return v > 0 ? v : 0;
+}
+
+/*
+ * Whether the tiles' cursors (kva__pf_lines) and the AVX-512 tile's dot
+ * products' sites ask with hint T0 where they would ask with T1: where
+ * this core drops T1's prefetches and keeps T0's (measure_kept), known
+ * once the count is (kva_cpu_prefetch_kept; false before). On such a host
+ * (Zen 5, family 26 model 2, thirty-ninth session) a T1 prefetch brings
+ * nothing: the hint is then what makes the cursor prefetch at all. Where
+ * T1 works the hints stay (kva__pf_t0 says where T0 is better anyway). A
+ * test may say otherwise (kva__pf_hint_t0_force).
+ */
+bool kva__pf_hint_t0(void)
+{
+	int f = atomic_load_explicit(&kept_t0_forced, memory_order_relaxed);
+
+	if (f)
+		return f == 2;
+	return atomic_load_explicit(&kept_known, memory_order_relaxed) > 0 &&
+	       atomic_load_explicit(&kept_t0_only, memory_order_relaxed);
+}
+
+void kva__pf_hint_t0_force(int yes)
+{
+	atomic_store_explicit(&kept_t0_forced, yes < 0 ? 0 : yes ? 2 : 1, memory_order_relaxed);
 }

@@ -69,6 +69,9 @@ struct kva__tile {
 	 * 128), on a CPU that reads faster with it (kva__pf_t0): their sites
 	 * ask for lines with hint T0, not T1 (struct kva__pfq) */
 	bool pf_t0;
+	/* every prefetch of the tiles (the cursor's, every site's) with hint
+	 * T0, on a core that drops T1's (kva__pf_hint_t0) */
+	bool pf_hint_t0;
 	/* the AVX-512 tile's groups of 3 and 4 (kva__avx512_gp 4), on a CPU
 	 * where it is faster (kva__sl_dot), score by dot products (its
 	 * g4_scores): q is then [heads][4][head_dim], a pad head's row 0 */
@@ -377,6 +380,7 @@ struct kva__pf {
 	size_t base;                /* bytes from the rows' table to the first
 				     * head the cursor reads (kva__pf_begin_head) */
 	bool tight;                 /* a run's lines back to back (the tile's pf_queue) */
+	bool t0;                    /* with hint T0 (the tile's pf_hint_t0) */
 #ifdef KVA__PF_AUDIT
 	int taken;                  /* steps the turn's loops took (kva__blocks_turn_end) */
 #endif
@@ -416,6 +420,7 @@ static inline void kva__pf_begin(struct kva__pf *pf, const struct kva__tile *t,
 	pf->left = 0;
 	pf->base = 0;
 	pf->tight = t->pf_queue;
+	pf->t0 = t->pf_hint_t0;
 #ifdef KVA__PF_AUDIT
 	pf->taken = 0;
 #endif
@@ -517,7 +522,8 @@ static inline bool kva__pf_next(struct kva__pf *pf, const char **p, int *left)
  * run; else a line at a time with the counts, as the cursor always did
  * before (on Zen 3 the tight loop read 0.945-0.974 of it out of cache).
  */
-static inline void kva__pf_lines(struct kva__pf *pf, int lines)
+static inline __attribute__((always_inline)) void kva__pf_lines_hint(struct kva__pf *pf,
+									int lines, const bool T0)
 {
 	const char *p = pf->p;
 	int left = pf->left;
@@ -526,7 +532,7 @@ static inline void kva__pf_lines(struct kva__pf *pf, int lines)
 		for (; lines != 0; lines--, left--) {
 			if (!left && !kva__pf_next(pf, &p, &left))
 				break;
-			KVA__PREFETCH(p);
+			KVA__PREFETCH_AT(p, T0);
 			p += 64;
 		}
 	} else {
@@ -542,13 +548,23 @@ static inline void kva__pf_lines(struct kva__pf *pf, int lines)
 			if (lines > 0)
 				lines -= n;
 			do {
-				KVA__PREFETCH(p);
+				KVA__PREFETCH_AT(p, T0);
 				p += 64;
 			} while (p != end);
 		}
 	}
 	pf->p = p;
 	pf->left = left;
+}
+
+/* the hint tested once a call, not a line: a test in the line loops,
+ * never true, read the AVX2 tile 0.89-0.93 as fast (thirty-second session) */
+static inline void kva__pf_lines(struct kva__pf *pf, int lines)
+{
+	if (pf->t0)
+		kva__pf_lines_hint(pf, lines, true);
+	else
+		kva__pf_lines_hint(pf, lines, false);
 }
 
 /*
@@ -963,6 +979,10 @@ void kva__avx512_split_force(int split);
  * test, -1 the CPU's answer again */
 bool kva__pf_t0(void);
 void kva__pf_t0_force(int t0);
+/* whether every prefetch of the tiles takes hint T0, on a core that drops
+ * T1's (measured with kva_cpu_prefetch_kept); kva__pf_hint_t0_force as above */
+bool kva__pf_hint_t0(void);
+void kva__pf_hint_t0_force(int t0);
 /* whether the AVX-512 tile scores groups of 3 and 4 as dot products on
  * this CPU (Zen 5), not sliced (isa.c); kva__sl_dot_force as above */
 bool kva__sl_dot(void);

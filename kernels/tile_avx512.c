@@ -943,7 +943,11 @@ AI void head_subgroup(const struct kva__tile *t, const struct kva__rows *bk,
 	_Alignas(64) float s[KVA__MAX_GROUP][KVA__BLOCK_TOKENS];
 	_Alignas(64) float ks[KVA__BLOCK_TOKENS], vs[KVA__BLOCK_TOKENS];
 
-	pq->t0 = false; /* the sliced sites ask with T1 */
+	/* the sliced sites ask with T1, a constant, even where the core drops
+	 * T1's (kva__pf_hint_t0): tested in their loops, T0 there read group 4
+	 * 0.95-0.96 as fast as every prefetch T0 by a constant hint, and 0.98
+	 * of T1 (Zen 5, thirty-ninth session) */
+	pq->t0 = false;
 	/* sliced: groups 3 to 16 but 5, 9-11 (a subgroup's own G: on Zen 5 a
 	 * group of 6 arrives as 4 with x 2, kva__avx512_sub) */
 	switch (kva__avx512_gp(G, D)) {
@@ -971,7 +975,7 @@ AI void head_subgroup(const struct kva__tile *t, const struct kva__rows *bk,
 	 * counting none). dq decides which, down to the loops. */
 	struct kva__pfq *dq = listed ? pq : NULL;
 
-	pq->t0 = t->pf_t0; /* T0 on Zen 5 (struct kva__pfq) */
+	pq->t0 = t->pf_t0 || t->pf_hint_t0; /* T0 on Zen 5 (struct kva__pfq) */
 	if (dt == KVA_FP8_E4M3 || dt == KVA_INT8)
 		kva__scales_at(t, tb, bk->n, t->kv_head, ks, vs);
 
@@ -1108,7 +1112,7 @@ AI void rider_turn(struct kva__tile *t, const struct kva__rows *bk, struct kva__
 
 	t->group = 16 / W;
 	kva__pfq_begin(pf, &pq, run, true);
-	pq.t0 = false; /* the sliced sites ask with T1 */
+	pq.t0 = false; /* the sliced sites ask with T1 (head_subgroup) */
 	sl_block(t, bk, &pq, tb, hoff, dt, NC, W, X);
 	kva__pfq_end(&pq);
 }

@@ -767,6 +767,41 @@ static void test_prefetch_hint_changes_nothing(void **state)
 	check_choice(&t0);
 }
 
+/* the ask of kva__pf_hint_t0 as a choice's: the probe's answer, which
+ * needs the count probed first (it is false before) */
+static bool hint_t0_asked(void)
+{
+	(void)kva_cpu_prefetch_kept();
+	return kva__pf_hint_t0();
+}
+
+/*
+ * The prefetches with T0, on a core that drops T1's (kva__pf_hint_t0):
+ * the AVX2 tile's cursor and the AVX-512 tile's cursor and dot products'
+ * sites ask for the same lines with another hint (the sliced sites keep
+ * T1), and compute the same bits: groups 1, 2, 4, 6, 8 and 10 at head_dims
+ * 64, 96 and 128, every dtype, HND and NHD, forced either way on each path.
+ */
+static void test_every_prefetch_as_t0_changes_nothing(void **state)
+{
+	static const struct choice avx2 = {
+		KVA_ISA_AVX2, hint_t0_asked, kva__pf_hint_t0_force, kva__pf_hint_t0_force,
+		{ "the tiles' hints", "T0 where the core drops T1's" },
+		{ 64, 96, 128 }, { 1, 2, 4, 6, 8, 10 }, { 700, 37, 300, 1 }, 79, check_same_bits,
+		"AVX2 tile's prefetches",
+	};
+	static const struct choice avx512 = {
+		KVA_ISA_AVX512, hint_t0_asked, kva__pf_hint_t0_force, kva__pf_hint_t0_force,
+		{ "the tiles' hints", "T0 where the core drops T1's" },
+		{ 64, 96, 128 }, { 1, 2, 4, 6, 8, 10 }, { 700, 37, 300, 1 }, 81, check_same_bits,
+		"AVX-512 tile's prefetches",
+	};
+
+	(void)state;
+	check_choice(&avx2);
+	check_choice(&avx512);
+}
+
 /* groups 3 and 4 scored sliced (0) or as dot products (1), on the AVX-512
  * tile whatever the core (-1: the CPU's answers again) */
 static void force_sl_dot(int dot)
@@ -2407,6 +2442,7 @@ static int teardown_forces(void **state)
 	kva__sl_dot_force(-1);
 	kva__avx2_cols_force(-1);
 	kva__avx512_subgroups_force(-1);
+	kva__pf_hint_t0_force(-1);
 	return 0;
 }
 
@@ -2428,6 +2464,7 @@ int main(void)
 		cmocka_unit_test(test_thread_count_changes_nothing),
 		cmocka_unit_test(test_head_spans_change_nothing),
 		cmocka_unit_test(test_prefetch_hint_changes_nothing),
+		cmocka_unit_test(test_every_prefetch_as_t0_changes_nothing),
 		cmocka_unit_test(test_groups_3_and_4_score_the_same_either_way),
 		cmocka_unit_test(test_one_head_scores_the_same_either_way),
 		cmocka_unit_test(test_groups_without_a_sliced_shape_the_same_either_way),
