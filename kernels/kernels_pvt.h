@@ -361,7 +361,9 @@ static inline void kva__scales_at(const struct kva__tile *t, int32_t tb, int n, 
  * the AVX-512 tile's dot products take T0 on Zen 5, through their list of
  * runs: struct kva__pfq, kva__pf_t0). On Zen 3 (family 25 model 1, AVX2)
  * T0, T2 and NTA read 0.95-1.03 of T1 at groups 1 and 4 (doc/figures.md,
- * fifteenth session): no difference there.
+ * fifteenth session): no difference there. A core that drops every T1
+ * prefetch (a Zen 5 host in the thirty-ninth session; the probe tells it,
+ * kva__pf_hint_t0) gets T0 instead (pf->t0).
  */
 struct kva__pf {
 	const char *p;              /* the next line of the current run to ask for, */
@@ -504,9 +506,10 @@ static inline bool kva__pf_next(struct kva__pf *pf, const char **p, int *left)
 #define KVA__PREFETCH(a) __builtin_prefetch((a), 0, 2)
 #endif
 
-/* a line a list's site asks for: with hint T0 where @t0 (struct kva__pfq),
- * else as the cursor asks (a test that counts KVA__PREFETCH's lines leaves
- * its tiles' pf_t0 false) */
+/* a line a list's site (or the cursor) asks for: with hint T0 where @t0
+ * (struct kva__pfq, kva__pf_lines), else as the cursor asks (a test that
+ * counts KVA__PREFETCH's lines leaves its tiles' pf_t0 and pf_hint_t0
+ * false) */
 #define KVA__PREFETCH_AT(a, t0)                        \
 	do {                                           \
 		if (t0)                                \
