@@ -69,8 +69,9 @@ struct kva__tile {
 	 * 128), on a CPU that reads faster with it (kva__pf_t0): their sites
 	 * ask for lines with hint T0, not T1 (struct kva__pfq) */
 	bool pf_t0;
-	/* every prefetch of the tiles (the cursor's, every site's) with hint
-	 * T0, on a core that drops T1's (kva__pf_hint_t0) */
+	/* the cursor's prefetches, and the AVX-512 dot products' sites', with
+	 * hint T0 where they would take T1, on a core that drops T1's
+	 * (kva__pf_hint_t0; the sliced sites keep T1) */
 	bool pf_hint_t0;
 	/* the AVX-512 tile's groups of 3 and 4 (kva__avx512_gp 4), on a CPU
 	 * where it is faster (kva__sl_dot), score by dot products (its
@@ -982,8 +983,9 @@ void kva__avx512_split_force(int split);
  * test, -1 the CPU's answer again */
 bool kva__pf_t0(void);
 void kva__pf_t0_force(int t0);
-/* whether every prefetch of the tiles takes hint T0, on a core that drops
- * T1's (measured with kva_cpu_prefetch_kept); kva__pf_hint_t0_force as above */
+/* whether the cursors and the AVX-512 dot products take hint T0 where they
+ * would take T1, on a core that drops T1's (measured with
+ * kva_cpu_prefetch_kept); kva__pf_hint_t0_force as above */
 bool kva__pf_hint_t0(void);
 void kva__pf_hint_t0_force(int t0);
 /* whether the AVX-512 tile scores groups of 3 and 4 as dot products on

@@ -945,8 +945,8 @@ AI void head_subgroup(const struct kva__tile *t, const struct kva__rows *bk,
 
 	/* the sliced sites ask with T1, a constant, even where the core drops
 	 * T1's (kva__pf_hint_t0): tested in their loops, T0 there read group 4
-	 * 0.95-0.96 as fast as every prefetch T0 by a constant hint, and 0.98
-	 * of T1 (Zen 5, thirty-ninth session) */
+	 * 0.95-0.96 as fast as every prefetch T0 by a constant hint, and
+	 * 0.98-0.99 of T1 (Zen 5, thirty-ninth session) */
 	pq->t0 = false;
 	/* sliced: groups 3 to 16 but 5, 9-11 (a subgroup's own G: on Zen 5 a
 	 * group of 6 arrives as 4 with x 2, kva__avx512_sub) */
