@@ -325,6 +325,25 @@ static void cold_lines(char *buf, uint64_t *rng, const char *line[KEPT_BURST])
 	_mm_mfence();
 }
 
+/* a burst of prefetches with hint T0 (@t0) or T1 to @line, and how many
+ * of them are in a cache KEPT_WAIT_NS later (a load under @limit ticks) */
+static uint64_t kept_burst(const char *const line[KEPT_BURST], bool t0, uint64_t limit)
+{
+	uint64_t until, got = 0;
+
+	for (unsigned i = 0; i < KEPT_BURST; i++)
+		if (t0)
+			_mm_prefetch(line[i], _MM_HINT_T0);
+		else
+			_mm_prefetch(line[i], _MM_HINT_T1);
+	until = now_ns() + KEPT_WAIT_NS; /* a prefetch kept has long arrived */
+	while (now_ns() < until)
+		_mm_pause();
+	for (unsigned i = 0; i < KEPT_BURST; i++)
+		got += kva__timed_load(line[i]) <= limit;
+	return got;
+}
+
 /*
  * As bench_readbw_prefetch_kept measures it, with the median of the rounds'
  * counts, and without the rounds in which the core kept (next to) none. On
@@ -350,25 +369,6 @@ static void cold_lines(char *buf, uint64_t *rng, const char *line[KEPT_BURST])
  * for the whole process, and a machine where they never differ pays 16
  * probes of about a millisecond).
  */
-/* a burst of prefetches with hint T0 (@t0) or T1 to @line, and how many
- * of them are in a cache KEPT_WAIT_NS later (a load under @limit ticks) */
-static uint64_t kept_burst(const char *const line[KEPT_BURST], bool t0, uint64_t limit)
-{
-	uint64_t until, got = 0;
-
-	for (unsigned i = 0; i < KEPT_BURST; i++)
-		if (t0)
-			_mm_prefetch(line[i], _MM_HINT_T0);
-		else
-			_mm_prefetch(line[i], _MM_HINT_T1);
-	until = now_ns() + KEPT_WAIT_NS; /* a prefetch kept has long arrived */
-	while (now_ns() < until)
-		_mm_pause();
-	for (unsigned i = 0; i < KEPT_BURST; i++)
-		got += kva__timed_load(line[i]) <= limit;
-	return got;
-}
-
 static int32_t measure_kept(bool *t0_only)
 {
 	const size_t size = (size_t)KEPT_PAGES * PAGE;
