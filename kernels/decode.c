@@ -490,8 +490,9 @@ int kva_decode(const struct kva_kv_desc *kv, const struct kva_page_table *pt, co
 							num_q_heads / kv->num_kv_heads, kept);
 	}
 	/* the AVX-512 tile's dot products' hint (struct kva__pfq); T0 for
-	 * every prefetch of either tile where the core drops T1's, which the
-	 * count of prefetches kept measures (its first call probes) */
+	 * the cursors and the dot products where the core drops T1's, which
+	 * the probe of the count of prefetches kept tells (its first call
+	 * probes; the AVX2 path called it above) */
 	p.pf_t0 = p.tile == kva__tile_avx512 && kva__pf_t0();
 	if (p.tile == kva__tile_avx512)
 		(void)kva_cpu_prefetch_kept();

@@ -507,16 +507,19 @@ static inline bool kva__pf_next(struct kva__pf *pf, const char **p, int *left)
 #define KVA__PREFETCH(a) __builtin_prefetch((a), 0, 2)
 #endif
 
+/* a line asked for with hint T0 (a test may count them too) */
+#ifndef KVA__PREFETCH_T0
+#define KVA__PREFETCH_T0(a) __builtin_prefetch((a), 0, 3)
+#endif
+
 /* a line a list's site (or the cursor) asks for: with hint T0 where @t0
- * (struct kva__pfq, kva__pf_lines), else as the cursor asks (a test that
- * counts KVA__PREFETCH's lines leaves its tiles' pf_t0 and pf_hint_t0
- * false) */
-#define KVA__PREFETCH_AT(a, t0)                        \
-	do {                                           \
-		if (t0)                                \
-			__builtin_prefetch((a), 0, 3); \
-		else                                   \
-			KVA__PREFETCH(a);              \
+ * (struct kva__pfq, kva__pf_lines), else as the cursor asks */
+#define KVA__PREFETCH_AT(a, t0)                \
+	do {                                   \
+		if (t0)                        \
+			KVA__PREFETCH_T0(a);   \
+		else                           \
+			KVA__PREFETCH(a);      \
 	} while (0)
 
 /*

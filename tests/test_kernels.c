@@ -32,10 +32,11 @@
 
 #include "decode_math.h"
 
-/* the cursors' prefetches counted, where a test asks (test_pfq_...) */
+/* the cursors' prefetches counted, where a test asks (test_pfq_...);
+ * those with hint T0 (t0) apart */
 static struct {
 	bool on;
-	size_t n;
+	size_t n, t0;
 	const char *line[8192];
 } pf_log;
 
@@ -46,6 +47,17 @@ static struct {
 		if (pf_log.on && pf_log.n < 8192)                         \
 			pf_log.line[pf_log.n++] = pf_a_;                  \
 		__builtin_prefetch(pf_a_, 0, 2);                          \
+	} while (0)
+
+#define KVA__PREFETCH_T0(a)                                               \
+	do {                                                              \
+		const char *pf_a_ = (const char *)(a);                    \
+                                                                          \
+		if (pf_log.on && pf_log.n < 8192) {                       \
+			pf_log.line[pf_log.n++] = pf_a_;                  \
+			pf_log.t0++;                                      \
+		}                                                         \
+		__builtin_prefetch(pf_a_, 0, 3);                          \
 	} while (0)
 
 #include "kernels_pvt.h"
@@ -780,9 +792,11 @@ static bool hint_t0_asked(void)
  * the AVX2 tile's cursor and the AVX-512 tile's cursor and dot products'
  * sites ask for the same lines with another hint (the sliced sites keep
  * T1), and compute the same bits: groups 1, 2, 4, 6, 8 and 10 at head_dims
- * 64, 96 and 128, every dtype, HND and NHD, forced either way on each path.
+ * 64, 96 and 128, every dtype, HND and NHD, forced either way on each path;
+ * and the force's semantics. That the hint reaches the cursor's lines is
+ * test_cursor_asks_with_the_tiles_hint's.
  */
-static void test_every_prefetch_as_t0_changes_nothing(void **state)
+static void test_t0_where_t1_is_dropped_changes_nothing(void **state)
 {
 	static const struct choice avx2 = {
 		KVA_ISA_AVX2, hint_t0_asked, kva__pf_hint_t0_force, kva__pf_hint_t0_force,
@@ -1170,6 +1184,61 @@ static void test_prefetch_cursor_reads_the_block_in_address_order(void **state)
 {
 	(void)state;
 	for_each_cursor_cache(cursor_checks, 0x9e3779b97f4a7c15ull);
+}
+
+/*
+ * The tile's pf_hint_t0 reaches the step cursor's lines: a head's turn
+ * asked for by kva__pf_lines, first as a tile without the hint (every line
+ * T1), then with it (every line T0, the same lines in the same order),
+ * both cursor loops (a line at a time, and a run's lines back to back).
+ */
+static void hint_checks(const struct cache *c, const int32_t *pages, int32_t ps, uint64_t *rng)
+{
+	const struct kva_kv_desc *kv = &c->kv;
+	const size_t row = (size_t)kv->head_dim * kva_dtype_size(kv->dtype);
+	const int32_t heads = 8;
+	static const char *plain[8192];
+	struct kva__rows rows;
+
+	(void)rng;
+	for (int tight = 0; tight < 2; tight++) {
+		struct kva__tile t = { .kv = kv, .pages = pages, .t0 = ps, .t1 = ps + 47,
+				       .kv_head = 0, .heads = heads, .group = 1,
+				       .pf_queue = tight };
+		size_t n = 0;
+
+		kva__rows_at(&t, t.t0, &rows);
+		for (int hint = 0; hint < 2; hint++) {
+			struct kva__pf pf;
+
+			t.pf_hint_t0 = hint;
+			kva__pf_begin_head(&pf, &t, &rows, heads - 1, row, 5);
+			pf_log.on = true;
+			pf_log.n = pf_log.t0 = 0;
+			for (int s = 0; s < 5; s++)
+				kva__pf_step(&pf);
+			kva__pf_lines(&pf, -1);
+			pf_log.on = false;
+			assert_true(pf_log.n > 0 && pf_log.n < 8192);
+			if (!hint) {
+				assert_int_equal(pf_log.t0, 0);
+				n = pf_log.n;
+				memcpy(plain, pf_log.line, n * sizeof(plain[0]));
+			} else {
+				if (pf_log.t0 != pf_log.n)
+					fail_msg("with the hint, %zu of %zu lines asked with T0",
+						 pf_log.t0, pf_log.n);
+				assert_int_equal(pf_log.n, n);
+				assert_memory_equal(pf_log.line, plain, n * sizeof(plain[0]));
+			}
+		}
+	}
+}
+
+static void test_cursor_asks_with_the_tiles_hint(void **state)
+{
+	(void)state;
+	for_each_cursor_cache(hint_checks, 0x51ed27f3a1b2c3d4ull);
 }
 
 /*
@@ -2464,13 +2533,14 @@ int main(void)
 		cmocka_unit_test(test_thread_count_changes_nothing),
 		cmocka_unit_test(test_head_spans_change_nothing),
 		cmocka_unit_test(test_prefetch_hint_changes_nothing),
-		cmocka_unit_test(test_every_prefetch_as_t0_changes_nothing),
+		cmocka_unit_test(test_t0_where_t1_is_dropped_changes_nothing),
 		cmocka_unit_test(test_groups_3_and_4_score_the_same_either_way),
 		cmocka_unit_test(test_one_head_scores_the_same_either_way),
 		cmocka_unit_test(test_groups_without_a_sliced_shape_the_same_either_way),
 		cmocka_unit_test(test_long_context_past_16k),
 		cmocka_unit_test(test_strides_nhd_hnd_and_padding),
 		cmocka_unit_test(test_prefetch_cursor_reads_the_block_in_address_order),
+		cmocka_unit_test(test_cursor_asks_with_the_tiles_hint),
 		cmocka_unit_test(test_pfq_asks_for_the_lines_the_steps_do),
 		cmocka_unit_test(test_turn_cursor_reads_the_next_turn),
 		cmocka_unit_test(test_every_pf_step_computes_the_same),

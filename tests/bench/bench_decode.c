@@ -85,8 +85,9 @@
  *   prefetch_kept      of 64 software prefetches (prefetcht1, the tiles'
  *                      hint where the core keeps T1's: next to 0 on one
  *                      that drops them all, whose cursors then ask with
- *                      T0, kva__pf_hint_t0) one thread issues back to back to lines of
- *                      those bytes in no cache, how many the core kept:
+ *                      T0, kva__pf_hint_t0) one thread issues back to
+ *                      back to lines of those bytes in no cache, how
+ *                      many the core kept:
  *                      their lines are in the cache when it looks, 20 us
  *                      later (bench_readbw_prefetch_kept; median). 64 on a
  *                      core that queues what it cannot start; about its
