@@ -8,7 +8,10 @@
 # "arith_stream_ratio_paired" is "arith_stream_ratio". The same loop over
 # contiguous memory, "arith_sweep_gbps", and "serial_gbps" (the ceiling and
 # the roofline taken one after the other) likewise: positive on the best
-# path, serial_gbps below both of its parts, and null on the scalar path.
+# path, serial_gbps at or below both of its parts, and null on the scalar
+# path. "At or below": the three are printed to two decimals, and where the
+# roofline is small (a sanitizer build: 0.73 GB/s against a ceiling of 80)
+# the serial figure, strictly below it, rounds to the same digits.
 set -u
 bench=$1
 field() { printf '%s\n' "$2" | grep -o "\"$1\":[^,}]*" | cut -d: -f2; }
@@ -35,8 +38,8 @@ for isa in scalar auto; do
 				echo "bound_check: the scalar path has no roofline, yet \"arith_stream_gbps\" is '$stream', \"arith_sweep_gbps\" '$sweep', \"serial_gbps\" '$serial': $out"
 				exit 1
 			fi
-		elif ! printf '%s\n' "$sweep $serial $ceiling $roof" | awk '$1 ~ /^[0-9]+(\.[0-9]+)?$/ && $1 > 0 && $2 ~ /^[0-9]+(\.[0-9]+)?$/ && $2 > 0 && $2 < $3 && $2 < $4 { ok = 1 } END { exit !ok }'; then
-			echo "bound_check: \"arith_sweep_gbps\" '$sweep' not a positive number, or \"serial_gbps\" '$serial' not one below both the ceiling '$ceiling' and the roofline '$roof': $out"
+		elif ! printf '%s\n' "$sweep $serial $ceiling $roof" | awk '$1 ~ /^[0-9]+(\.[0-9]+)?$/ && $1 > 0 && $2 ~ /^[0-9]+(\.[0-9]+)?$/ && $2 > 0 && $2 <= $3 && $2 <= $4 { ok = 1 } END { exit !ok }'; then
+			echo "bound_check: \"arith_sweep_gbps\" '$sweep' not a positive number, or \"serial_gbps\" '$serial' not one at or below both the ceiling '$ceiling' and the roofline '$roof': $out"
 			exit 1
 		elif ! printf '%s\n' "$stream $spaired" | awk '$1 ~ /^[0-9]+(\.[0-9]+)?$/ && $1 > 0 && $2 ~ /^[0-9]+(\.[0-9]+)?$/ && $2 > 0 { ok = 1 } END { exit !ok }'; then
 			echo "bound_check: \"arith_stream_gbps\" '$stream' or its paired ratio '$spaired' is not a positive number: $out"
