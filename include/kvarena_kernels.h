@@ -129,21 +129,23 @@ const char *kva_isa_name(enum kva_isa isa);
 
 /*
  * kva_cpu_prefetch_kept - of a burst of 64 software prefetches (prefetcht1,
- * the decode tiles' hint) to lines in no cache, how many this core keeps:
- * a core that queues what it cannot start keeps them all, one that drops
- * the rest about as many as it has misses in flight (measured: Zen 4 63-64,
- * Zen 3 21-26). Measured at the first call, on the calling thread (the
- * first kva_decode on the AVX2 path makes it): bursts to a
+ * the decode tiles' hint on most CPUs) to lines in no cache, how many this
+ * core keeps: a core that queues what it cannot start keeps them all, one
+ * that drops the rest about as many as it has misses in flight (measured:
+ * Zen 4 63-64, Zen 3 21-26). Measured at the first call, on the calling
+ * thread (the first kva_decode on the AVX2 path makes it): bursts to a
  * MiB of fresh memory, each line timed 5 us later, the median of 16 rounds,
- * about a millisecond. Rounds in which the core kept next to none do not
- * count (a host's spell, see the README); a probe that saw only those
- * leaves the count unknown, and a call 10 ms later probes again, then 20,
- * 40 ms ... later, 16 probes at most; meanwhile other threads' calls
- * return 0 at once. Thread-safe, and fork-safe: a child forked while a
- * thread of its parent probes probes again itself. Return: 1..64, the
- * same for the rest of the process once known; 0 while not known, and for
- * good where it cannot be told (no RDTSCP; 16 probes that saw only spells,
- * or memory no slower than twice the cache).
+ * about a millisecond. A round also asks for a burst with prefetcht0,
+ * whose count stands in where the T1 burst kept none and T0's did (some
+ * hosts drop every T1 prefetch for a while). Rounds in which the core kept
+ * next to none either way do not count (a host's spell, see the README); a
+ * probe that saw only those leaves the count unknown, and a call 10 ms
+ * later probes again, then 20, 40 ms ... later, 16 probes at most;
+ * meanwhile other threads' calls return 0 at once. Thread-safe, and
+ * fork-safe: a child forked while a thread of its parent probes probes
+ * again itself. Return: 1..64, the same for the rest of the process once
+ * known; 0 while not known, and for good where it cannot be told (16
+ * probes that saw only spells, or memory no slower than twice the cache).
  */
 int32_t kva_cpu_prefetch_kept(void);
 

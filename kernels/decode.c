@@ -35,7 +35,7 @@ struct plan {
 	int32_t one_step;          /* struct kva__tile's */
 	bool pf_queue;             /* struct kva__tile's */
 	bool pf_t0;                /* struct kva__tile's */
-	bool pf_hint_t0;           /* struct kva__tile's */
+	bool pf_cursor_t0;         /* struct kva__tile's */
 	bool sl_dot;               /* struct kva__tile's; q of 3 or 4 heads [4][head_dim] (q_sub) */
 	bool one_cols;             /* struct kva__tile's */
 	bool subgroups;            /* struct kva__tile's */
@@ -184,6 +184,25 @@ static int table_check(const struct kva_kv_desc *kv, const struct kva_page_table
 	return 0;
 }
 
+/*
+ * The AVX2 tile's cursor asks for the next turn's lines with hint T0 (into
+ * L1), not T1, at group 1 where a head's rows of a page lie end to end
+ * (HND, or NHD with one KV head: token_stride head_dim), on Zen 5 (kva__pf_t0). Paired there (family 26
+ * model 2, KVM, 2 threads, out of cache, both orders; doc/figures.md,
+ * fortieth session), T0 at group 1 read f16 1.15x, bf16 1.11x and one
+ * thread 1.12x at head_dim 128, f32, fp8 and int8 1.00-1.02, head_dim 64
+ * 1.00 and pages in L3 1.00; but token-major pages (NHD, a head's rows
+ * rows apart) 0.96, groups 2 to 8 0.95-1.02 (group 2 at head_dim 64 0.975,
+ * NHD 0.95; 3 to 8 0.976-0.986): those keep T1, as every other CPU does
+ * (T0 read 0.87 of T1 on Zen 4, 0.90-0.97 on Intel Xeon family 6 model
+ * 207). Why group 1 and head-major pages alone gain was not found; the
+ * rule is what was measured.
+ */
+bool kva__cursor_t0(const struct kva_kv_desc *kv, int32_t group)
+{
+	return group == 1 && kv->token_stride == kv->head_dim && kva__pf_t0();
+}
+
 static kva__tile_fn pick(enum kva_isa isa, int32_t head_dim, int *err)
 {
 	if (isa == KVA_ISA_AUTO) {
@@ -329,7 +348,7 @@ static bool tile_at(const struct plan *p, uint32_t tile, struct kva__tile *t)
 		.one_step = p->one_step,
 		.pf_queue = p->pf_queue,
 		.pf_t0 = p->pf_t0,
-		.pf_hint_t0 = p->pf_hint_t0,
+		.pf_cursor_t0 = p->pf_cursor_t0,
 		.sl_dot = p->sl_dot,
 		.one_cols = p->one_cols,
 		.subgroups = p->subgroups,
@@ -489,15 +508,11 @@ int kva_decode(const struct kva_kv_desc *kv, const struct kva_page_table *pt, co
 			p.one_step = kva__avx2_one_step(kv->dtype, kv->head_dim,
 							num_q_heads / kv->num_kv_heads, kept);
 	}
-	/* the AVX-512 tile's dot products' hint (struct kva__pfq); T0 for
-	 * the cursors and the dot products where the core drops T1's, which
-	 * the probe of the count of prefetches kept tells (its first call
-	 * probes; the AVX2 path called it above) */
+	/* the prefetch hints: the AVX-512 tile's dot products' (struct
+	 * kva__pfq) and the AVX2 tile's cursor's (kva__cursor_t0) */
 	p.pf_t0 = p.tile == kva__tile_avx512 && kva__pf_t0();
-	if (p.tile == kva__tile_avx512)
-		(void)kva_cpu_prefetch_kept();
-	p.pf_hint_t0 = (p.tile == kva__tile_avx512 || p.tile == kva__tile_avx2) &&
-		       kva__pf_hint_t0();
+	p.pf_cursor_t0 = p.tile == kva__tile_avx2 &&
+			 kva__cursor_t0(kv, num_q_heads / kv->num_kv_heads);
 	threads = o.threads ? o.threads : kva_kernel_threads();
 	p.kv = kv;
 	p.pt = pt;

@@ -127,19 +127,21 @@ void kva__avx512_split_force(int yes)
 }
 
 /*
- * Whether the AVX-512 tile's groups 1 and 2 at head_dim 64 and 128 (its
- * dot products' sites, struct kva__pfq) ask for their lines with
- * prefetcht0 (into L1) rather than prefetcht1: on
- * AMD family 1Ah (Zen 5). Paired on Zen 5 (family 26 model 2, KVM, 2
- * threads, f16; doc/figures.md, thirty-second session), in both orders,
- * T0 there read 1.01-1.06x as fast at group 1 and 1.03-1.08x at group 2
- * out of cache (group 1 0.95x with the pages in L2); the seventh and
- * twenty-ninth sessions saw 1.04-1.17x at group 1 on the same CPU. The
- * sliced groups (0.96-1.03 at group 4, 0.99 at group 8) and the AVX2 tile
- * (0.96-1.05) gained nothing and keep T1; so does every other CPU: T0 read
- * 0.87 of T1 out of cache on Zen 4 and 0.90-0.97 on Intel Xeon family 6
- * model 207 (README, the tried list). Asked once; a test may say otherwise
- * (kva__pf_t0_force).
+ * Whether this CPU reads faster with prefetcht0 (into L1) than with
+ * prefetcht1 where the tiles can take it: AMD family 1Ah (Zen 5). There
+ * the AVX-512 tile's groups 1 and 2 at head_dim 64 and 128 (its dot
+ * products' sites, struct kva__pfq) ask with T0: paired on Zen 5 (family
+ * 26 model 2, KVM, 2 threads, f16; doc/figures.md, thirty-second session),
+ * in both orders, T0 there read 1.01-1.06x as fast at group 1 and
+ * 1.03-1.08x at group 2 out of cache (group 1 0.95x with the pages in
+ * L2); the seventh and twenty-ninth sessions saw 1.04-1.17x at group 1 on
+ * the same CPU. And so does the AVX2 tile's cursor at group 1 on
+ * head-major pages (kva__cursor_t0, decode.c: f16 1.15x, fortieth
+ * session). The sliced groups (0.96-1.04 at groups 4 to 8) and the AVX2
+ * tile's other groups and layouts (0.95-1.02) keep T1; so does every other
+ * CPU: T0 read 0.87 of T1 out of cache on Zen 4 and 0.90-0.97 on Intel
+ * Xeon family 6 model 207 (README, the tried list). Asked once; a test may
+ * say otherwise (kva__pf_t0_force).
  */
 static bool cpu_is_zen5(void)
 {
@@ -355,26 +357,36 @@ static uint64_t kept_burst(const char *const line[KEPT_BURST], bool t0, uint64_t
  * whether the wait is 2 or 100 us. A spell says what the host is doing at
  * that moment, not what the core can do, so its rounds do not count. A
  * core whose prefetches are dropped for want of room still keeps its
- * misses in flight (Zen 3: 21-26). Each round also asks for a second
- * burst of fresh lines with T0: on some hosts of the same CPU (Zen 5,
- * family 26 model 2, thirty-ninth session) prefetcht1 and prefetcht2 bring
- * no line at all, round after round, where prefetcht0 brings all 64
- * (a line read 5 us after a T1 prefetch took as long as one never asked
- * for). Such a round is no spell: the core keeps T0's, and where those
- * rounds are the ones that count, *t0_only is set and the count is T0's,
- * which the tiles then ask with (kva__pf_hint_t0). Return: the count; 0
- * if no round counted (a spell: try again later), or if a load from
- * memory timed under twice one from the cache (not told apart this time:
- * one probe timed while the machine was busy elsewhere must not decide
- * for the whole process, and a machine where they never differ pays 16
- * probes of about a millisecond).
+ * misses in flight (Zen 3: 21-26).
+ *
+ * Each round also asks for a second burst of fresh lines with T0, whose
+ * count stands in where T1's kept none. Some hosts of one CPU (Zen 5,
+ * family 26 model 2) drop every prefetcht1 and prefetcht2 while they
+ * keep prefetcht0's, in phases: for tens of milliseconds after the
+ * machine's memory churns (a process faulting in or writing 16-512 MiB:
+ * 7 probes of 8 in a row right after a 512 MiB memset, then none), and
+ * for minutes at a time on some hosts (the thirty-ninth session's, round
+ * after round; the fortieth's, 0-5 probes of 5 in each quarter second
+ * over 30 s, where earlier in the session none). T0's count tells the same
+ * thing about the core (how many misses it keeps asking for), so a probe
+ * in such a phase still counts (a probe that waited it out would leave a
+ * process decoding just after it filled its cache with the short step).
+ * The hint the tiles ask with does not follow the phase: a process's
+ * first probe would decide it for the whole process (the thirty-ninth
+ * session's code did, and a bench process, probing right after it wrote
+ * its cache, asked with T0 where its neighbour asked with T1). Return:
+ * the count; 0 if no round counted (a spell: try again later), or if a
+ * load from memory timed under twice one from the cache (not told apart
+ * this time: one probe timed while the machine was busy elsewhere must
+ * not decide for the whole process, and a machine where they never
+ * differ pays 16 probes of about a millisecond).
  */
-static int32_t measure_kept(bool *t0_only)
+static int32_t measure_kept(void)
 {
 	const size_t size = (size_t)KEPT_PAGES * PAGE;
-	unsigned n = 0, n0 = 0;
+	unsigned n = 0;
 	const char *line[KEPT_BURST];
-	uint64_t cold[KEPT_BURST], hot[KEPT_BURST], kept[KEPT_ROUNDS], kept0[KEPT_ROUNDS];
+	uint64_t cold[KEPT_BURST], hot[KEPT_BURST], kept[KEPT_ROUNDS];
 	uint64_t cold_t, hot_t, limit;
 	uint64_t rng = (uint64_t)(uintptr_t)&rng ^ now_ns();
 	char *buf;
@@ -395,12 +407,10 @@ static int32_t measure_kept(bool *t0_only)
 	cold_t = median(cold, KEPT_BURST);
 	hot_t = median(hot, KEPT_BURST);
 	limit = (cold_t + hot_t) / 2;
-	*t0_only = false;
-	for (unsigned k = 0;
-	     cold_t >= 2 * hot_t && k < KEPT_TRIES && n < KEPT_ROUNDS && n0 < KEPT_ROUNDS; k++) {
+	for (unsigned k = 0; cold_t >= 2 * hot_t && k < KEPT_TRIES && n < KEPT_ROUNDS; k++) {
 		uint64_t got, got0;
 
-		/* T1: the tiles' hint, whose cursor the count sets; then T0 */
+		/* T1, the cursor's hint but at group 1 on Zen 5; then T0 */
 		cold_lines(buf, &rng, line);
 		got = kept_burst(line, false, limit);
 		cold_lines(buf, &rng, line);
@@ -408,18 +418,12 @@ static int32_t measure_kept(bool *t0_only)
 		if (got > KEPT_OFF)
 			kept[n++] = got;
 		else if (got0 > KEPT_OFF) /* T1's dropped, T0's kept: no spell */
-			kept0[n0++] = got0;
+			kept[n++] = got0;
 	}
 	munmap(buf, size);
-	if (cold_t < 2 * hot_t)
+	if (cold_t < 2 * hot_t || n < KEPT_ROUNDS / 4)
 		return 0;
-	if (n >= KEPT_ROUNDS / 4 && n >= n0)
-		return (int32_t)median(kept, n);
-	if (n0 >= KEPT_ROUNDS / 4) {
-		*t0_only = true;
-		return (int32_t)median(kept0, n0);
-	}
-	return 0;
+	return (int32_t)median(kept, n);
 }
 
 /*
@@ -450,11 +454,6 @@ static int32_t measure_kept(bool *t0_only)
  * fork test in scripts/test.sh's TSan run.
  */
 static _Atomic int32_t kept_known = -1; /* -1 not known yet */
-/* the count is T0's: this core drops T1's prefetches (measure_kept), set
- * before kept_known and read after it (both under kept_busy's order for a
- * probing thread; for the others a hint, as the count is) */
-static _Atomic bool kept_t0_only;
-static _Atomic int kept_t0_forced; /* 0 the probe's answer, 1 no, 2 yes */
 static atomic_flag kept_busy = ATOMIC_FLAG_INIT;
 static int kept_probes;
 static uint64_t kept_next_ns; /* the next probe not before */
@@ -482,11 +481,7 @@ int32_t kva_cpu_prefetch_kept(void)
 		return 0; /* another thread is measuring */
 	v = atomic_load_explicit(&kept_known, memory_order_relaxed);
 	if (v < 0 && (now = now_ns()) >= kept_next_ns) {
-		bool t0_only;
-
-		v = measure_kept(&t0_only);
-		if (v > 0)
-			atomic_store_explicit(&kept_t0_only, t0_only, memory_order_relaxed);
+		v = measure_kept();
 		if (v != 0 || ++kept_probes == KEPT_PROBES)
 			atomic_store_explicit(&kept_known, v > 0 ? v : 0, memory_order_relaxed);
 		else
@@ -494,29 +489,4 @@ int32_t kva_cpu_prefetch_kept(void)
 	}
 	atomic_flag_clear_explicit(&kept_busy, memory_order_release);
 	return v > 0 ? v : 0;
-}
-
-/*
- * Whether the tiles' cursors (kva__pf_lines) and the AVX-512 tile's dot
- * products' sites ask with hint T0 where they would ask with T1: where
- * this core drops T1's prefetches and keeps T0's (measure_kept), known
- * once the count is (kva_cpu_prefetch_kept; false before). On such a host
- * (Zen 5, family 26 model 2, thirty-ninth session) a T1 prefetch brings
- * nothing: the hint is then what makes the cursor prefetch at all. Where
- * T1 works the hints stay (kva__pf_t0 says where T0 is better anyway). A
- * test may say otherwise (kva__pf_hint_t0_force).
- */
-bool kva__pf_hint_t0(void)
-{
-	int f = atomic_load_explicit(&kept_t0_forced, memory_order_relaxed);
-
-	if (f)
-		return f == 2;
-	return atomic_load_explicit(&kept_known, memory_order_relaxed) > 0 &&
-	       atomic_load_explicit(&kept_t0_only, memory_order_relaxed);
-}
-
-void kva__pf_hint_t0_force(int yes)
-{
-	atomic_store_explicit(&kept_t0_forced, yes < 0 ? 0 : yes ? 2 : 1, memory_order_relaxed);
 }

@@ -69,10 +69,10 @@ struct kva__tile {
 	 * 128), on a CPU that reads faster with it (kva__pf_t0): their sites
 	 * ask for lines with hint T0, not T1 (struct kva__pfq) */
 	bool pf_t0;
-	/* the cursor's prefetches, and the AVX-512 dot products' sites', with
-	 * hint T0 where they would take T1, on a core that drops T1's
-	 * (kva__pf_hint_t0; the sliced sites keep T1) */
-	bool pf_hint_t0;
+	/* the step cursor (kva__pf_lines) asks for lines with hint T0, not
+	 * T1: the AVX2 tile at group 1 on pages where a head's rows lie end
+	 * to end, on a CPU that reads faster so (kva__cursor_t0) */
+	bool pf_cursor_t0;
 	/* the AVX-512 tile's groups of 3 and 4 (kva__avx512_gp 4), on a CPU
 	 * where it is faster (kva__sl_dot), score by dot products (its
 	 * g4_scores): q is then [heads][4][head_dim], a pad head's row 0 */
@@ -209,6 +209,11 @@ void kva__axpy_avx512(float *y, const float *x, float a, int32_t n);
  * prefetches (0: not known). Plain integer code, but compiled with AVX2:
  * call it only where kva__isa_supported(KVA_ISA_AVX2) */
 int kva__avx2_one_step(enum kva_dtype dt, int head_dim, int group, int kept);
+/* decode.c: whether the AVX2 tile's step cursor asks for lines with hint
+ * T0 (struct kva__tile's pf_cursor_t0) over @kv read by @group query heads
+ * a KV head: at group 1, where a head's rows of a page lie end to end, on
+ * a CPU that reads faster so (kva__pf_t0) */
+bool kva__cursor_t0(const struct kva_kv_desc *kv, int32_t group);
 
 /* Scale of token @t's head in int8 K (or V), or the fp8 scale; 1 otherwise. */
 static inline float kva__scale(const struct kva_kv_desc *kv, const float *base, int32_t page,
@@ -362,9 +367,9 @@ static inline void kva__scales_at(const struct kva__tile *t, int32_t tb, int n, 
  * the AVX-512 tile's dot products take T0 on Zen 5, through their list of
  * runs: struct kva__pfq, kva__pf_t0). On Zen 3 (family 25 model 1, AVX2)
  * T0, T2 and NTA read 0.95-1.03 of T1 at groups 1 and 4 (doc/figures.md,
- * fifteenth session): no difference there. A core that drops every T1
- * prefetch (a Zen 5 host in the thirty-ninth session; the probe tells it,
- * kva__pf_hint_t0) gets T0 instead (pf->t0).
+ * fifteenth session): no difference there. Since the fortieth session the
+ * AVX2 tile's cursor asks with T0 on Zen 5 where that read faster, at
+ * group 1 on head-major pages (pf->t0, kva__cursor_t0).
  */
 struct kva__pf {
 	const char *p;              /* the next line of the current run to ask for, */
@@ -383,7 +388,7 @@ struct kva__pf {
 	size_t base;                /* bytes from the rows' table to the first
 				     * head the cursor reads (kva__pf_begin_head) */
 	bool tight;                 /* a run's lines back to back (the tile's pf_queue) */
-	bool t0;                    /* with hint T0 (the tile's pf_hint_t0) */
+	bool t0;                    /* with hint T0 (the tile's pf_cursor_t0) */
 #ifdef KVA__PF_AUDIT
 	int taken;                  /* steps the turn's loops took (kva__blocks_turn_end) */
 #endif
@@ -423,7 +428,7 @@ static inline void kva__pf_begin(struct kva__pf *pf, const struct kva__tile *t,
 	pf->left = 0;
 	pf->base = 0;
 	pf->tight = t->pf_queue;
-	pf->t0 = t->pf_hint_t0;
+	pf->t0 = t->pf_cursor_t0;
 #ifdef KVA__PF_AUDIT
 	pf->taken = 0;
 #endif
@@ -981,16 +986,13 @@ bool kva__isa_supported(enum kva_isa isa);
  * test, -1 the CPU's answer again */
 bool kva__avx512_split(void);
 void kva__avx512_split_force(int split);
-/* whether the AVX-512 tile's dot products prefetch with hint T0 on this
- * CPU (Zen 5), not T1 (isa.c); kva__pf_t0_force(1 / 0) says yes / no for a
- * test, -1 the CPU's answer again */
+/* whether this CPU (Zen 5) reads faster with prefetch hint T0 where the
+ * tiles take it: the AVX-512 tile's dot products, and the AVX2 tile's
+ * cursor at group 1 on head-major pages (isa.c, kva__cursor_t0);
+ * kva__pf_t0_force(1 / 0) says yes / no for a test, -1 the CPU's answer
+ * again */
 bool kva__pf_t0(void);
 void kva__pf_t0_force(int t0);
-/* whether the cursors and the AVX-512 dot products take hint T0 where they
- * would take T1, on a core that drops T1's (measured with
- * kva_cpu_prefetch_kept); kva__pf_hint_t0_force as above */
-bool kva__pf_hint_t0(void);
-void kva__pf_hint_t0_force(int t0);
 /* whether the AVX-512 tile scores groups of 3 and 4 as dot products on
  * this CPU (Zen 5), not sliced (isa.c); kva__sl_dot_force as above */
 bool kva__sl_dot(void);

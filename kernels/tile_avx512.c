@@ -943,10 +943,9 @@ AI void head_subgroup(const struct kva__tile *t, const struct kva__rows *bk,
 	_Alignas(64) float s[KVA__MAX_GROUP][KVA__BLOCK_TOKENS];
 	_Alignas(64) float ks[KVA__BLOCK_TOKENS], vs[KVA__BLOCK_TOKENS];
 
-	/* the sliced sites ask with T1, a constant, even where the core drops
-	 * T1's (kva__pf_hint_t0): tested in their loops, T0 there read group 4
-	 * 0.95-0.96 as fast as every prefetch T0 by a constant hint, and
-	 * 0.98-0.99 of T1 (Zen 5, thirty-ninth session) */
+	/* the sliced sites ask with T1, a constant: on Zen 5 T0 read 0.96-1.04
+	 * there (groups 4, 6, 8; thirty-second and fortieth sessions), and a
+	 * test of a hint in their loops cost 2-5% (thirty-ninth) */
 	pq->t0 = false;
 	/* sliced: groups 3 to 16 but 5, 9-11 (a subgroup's own G: on Zen 5 a
 	 * group of 6 arrives as 4 with x 2, kva__avx512_sub) */
@@ -975,7 +974,7 @@ AI void head_subgroup(const struct kva__tile *t, const struct kva__rows *bk,
 	 * counting none). dq decides which, down to the loops. */
 	struct kva__pfq *dq = listed ? pq : NULL;
 
-	pq->t0 = t->pf_t0 || t->pf_hint_t0; /* T0 on Zen 5 (struct kva__pfq) */
+	pq->t0 = t->pf_t0; /* T0 on Zen 5 (struct kva__pfq) */
 	if (dt == KVA_FP8_E4M3 || dt == KVA_INT8)
 		kva__scales_at(t, tb, bk->n, t->kv_head, ks, vs);
 

@@ -779,41 +779,63 @@ static void test_prefetch_hint_changes_nothing(void **state)
 	check_choice(&t0);
 }
 
-/* the ask of kva__pf_hint_t0 as a choice's: the probe's answer, which
- * needs the count probed first (it is false before) */
-static bool hint_t0_asked(void)
-{
-	(void)kva_cpu_prefetch_kept();
-	return kva__pf_hint_t0();
-}
-
 /*
- * The prefetches with T0, on a core that drops T1's (kva__pf_hint_t0):
- * the AVX2 tile's cursor and the AVX-512 tile's cursor and dot products'
- * sites ask for the same lines with another hint (the sliced sites keep
- * T1), and compute the same bits: groups 1, 2, 4, 6, 8 and 10 at head_dims
- * 64, 96 and 128, every dtype, HND and NHD, forced either way on each path;
- * and the force's semantics. That the hint reaches the cursor's lines is
- * test_cursor_asks_with_the_tiles_hint's.
+ * The AVX2 tile's cursor's hint (T0 at group 1 on head-major pages on Zen
+ * 5, T1 elsewhere: kva__cursor_t0) changes when lines arrive, never what
+ * is computed: groups 1, 2 and 4 at head_dims 64, 96 and 128, every dtype,
+ * HND (group 1 takes it) and NHD (which keeps T1 whatever the CPU), bit for
+ * bit the same with kva__pf_t0 forced either way; and the force. That the
+ * hint reaches the cursor's lines is test_cursor_asks_with_the_tiles_hint's,
+ * and the rule kva_decode hands the tile, test_cursor_t0_rule's.
  */
-static void test_t0_where_t1_is_dropped_changes_nothing(void **state)
+static void test_cursor_hint_changes_nothing(void **state)
 {
 	static const struct choice avx2 = {
-		KVA_ISA_AVX2, hint_t0_asked, kva__pf_hint_t0_force, kva__pf_hint_t0_force,
-		{ "the tiles' hints", "T0 where the core drops T1's" },
-		{ 64, 96, 128 }, { 1, 2, 4, 6, 8, 10 }, { 700, 37, 300, 1 }, 79, check_same_bits,
-		"AVX2 tile's prefetches",
-	};
-	static const struct choice avx512 = {
-		KVA_ISA_AVX512, hint_t0_asked, kva__pf_hint_t0_force, kva__pf_hint_t0_force,
-		{ "the tiles' hints", "T0 where the core drops T1's" },
-		{ 64, 96, 128 }, { 1, 2, 4, 6, 8, 10 }, { 700, 37, 300, 1 }, 81, check_same_bits,
-		"AVX-512 tile's prefetches",
+		KVA_ISA_AVX2, kva__pf_t0, kva__pf_t0_force, kva__pf_t0_force, { "T1", "T0" },
+		{ 64, 96, 128 }, { 1, 2, 4 }, { 700, 37, 300, 1 }, 79, check_same_bits,
+		"AVX2 cursor's prefetch hint",
 	};
 
 	(void)state;
 	check_choice(&avx2);
-	check_choice(&avx512);
+}
+
+/*
+ * kva__cursor_t0, the rule kva_decode takes the AVX2 tile's cursor hint
+ * from: T0 exactly at group 1 where a head's rows of a page lie end to end
+ * (HND, or NHD with one KV head), and only on a CPU where kva__pf_t0.
+ */
+static void test_cursor_t0_rule(void **state)
+{
+	struct kva_kv_desc kv = { .head_dim = 128, .num_kv_heads = 8, .page_size = 16 };
+
+	(void)state;
+	for (int cpu = 0; cpu < 2; cpu++) {
+		kva__pf_t0_force(cpu);
+		/* HND: [head][token][dim] */
+		kv.token_stride = 128;
+		kv.head_stride = 16 * 128;
+		kv.num_kv_heads = 8;
+		assert_int_equal(kva__cursor_t0(&kv, 1), cpu);
+		for (int32_t g = 2; g <= 8; g++)
+			assert_false(kva__cursor_t0(&kv, g));
+		/* NHD: [token][head][dim], rows of a head 8 rows apart */
+		kv.token_stride = 8 * 128;
+		kv.head_stride = 128;
+		assert_false(kva__cursor_t0(&kv, 1));
+		assert_false(kva__cursor_t0(&kv, 2));
+		/* NHD with one KV head: its rows end to end */
+		kv.num_kv_heads = 1;
+		kv.token_stride = 128;
+		assert_int_equal(kva__cursor_t0(&kv, 1), cpu);
+		/* padded rows: end to end no more, with one KV head or eight */
+		kv.token_stride = 136;
+		assert_false(kva__cursor_t0(&kv, 1));
+		kv.num_kv_heads = 8;
+		kv.head_stride = 16 * 136;
+		assert_false(kva__cursor_t0(&kv, 1));
+	}
+	kva__pf_t0_force(-1);
 }
 
 /* groups 3 and 4 scored sliced (0) or as dot products (1), on the AVX-512
@@ -1187,7 +1209,7 @@ static void test_prefetch_cursor_reads_the_block_in_address_order(void **state)
 }
 
 /*
- * The tile's pf_hint_t0 reaches the step cursor's lines: a head's turn
+ * The tile's pf_cursor_t0 reaches the step cursor's lines: a head's turn
  * asked for by kva__pf_lines, first as a tile without the hint (every line
  * T1), then with it (every line T0, the same lines in the same order),
  * both cursor loops (a line at a time, and a run's lines back to back).
@@ -1211,7 +1233,7 @@ static void hint_checks(const struct cache *c, const int32_t *pages, int32_t ps,
 		for (int hint = 0; hint < 2; hint++) {
 			struct kva__pf pf;
 
-			t.pf_hint_t0 = hint;
+			t.pf_cursor_t0 = hint;
 			kva__pf_begin_head(&pf, &t, &rows, heads - 1, row, 5);
 			pf_log.on = true;
 			pf_log.n = pf_log.t0 = 0;
@@ -2511,7 +2533,7 @@ static int teardown_forces(void **state)
 	kva__sl_dot_force(-1);
 	kva__avx2_cols_force(-1);
 	kva__avx512_subgroups_force(-1);
-	kva__pf_hint_t0_force(-1);
+	kva__pf_t0_force(-1);
 	return 0;
 }
 
@@ -2533,7 +2555,8 @@ int main(void)
 		cmocka_unit_test(test_thread_count_changes_nothing),
 		cmocka_unit_test(test_head_spans_change_nothing),
 		cmocka_unit_test(test_prefetch_hint_changes_nothing),
-		cmocka_unit_test(test_t0_where_t1_is_dropped_changes_nothing),
+		cmocka_unit_test(test_cursor_hint_changes_nothing),
+		cmocka_unit_test(test_cursor_t0_rule),
 		cmocka_unit_test(test_groups_3_and_4_score_the_same_either_way),
 		cmocka_unit_test(test_one_head_scores_the_same_either_way),
 		cmocka_unit_test(test_groups_without_a_sliced_shape_the_same_either_way),

@@ -83,9 +83,10 @@
  *                      the latency needs twice the misses in flight to
  *                      reach the same ceiling
  *   prefetch_kept      of 64 software prefetches (prefetcht1, the tiles'
- *                      hint where the core keeps T1's: next to 0 on one
- *                      that drops them all, whose cursors then ask with
- *                      T0, kva__pf_hint_t0) one thread issues back to
+ *                      hint on most CPUs and shapes; next to 0 on a host
+ *                      in a phase that drops them, where the library's
+ *                      count is T0's, kva_cpu_prefetch_kept) one thread
+ *                      issues back to
  *                      back to lines of those bytes in no cache, how
  *                      many the core kept:
  *                      their lines are in the cache when it looks, 20 us
