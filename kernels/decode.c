@@ -187,15 +187,16 @@ static int table_check(const struct kva_kv_desc *kv, const struct kva_page_table
 /*
  * The AVX2 tile's cursor asks for the next turn's lines with hint T0 (into
  * L1), not T1, at group 1 where a head's rows of a page lie end to end
- * (HND, or NHD with one KV head: token_stride head_dim), on Zen 5 (kva__pf_t0). Paired there (family 26
- * model 2, KVM, 2 threads, out of cache, both orders; doc/figures.md,
- * fortieth session), T0 at group 1 read f16 1.15x, bf16 1.11x and one
- * thread 1.12x at head_dim 128, f32, fp8 and int8 1.00-1.02, head_dim 64
- * 1.00 and pages in L3 1.00; but token-major pages (NHD, a head's rows
- * rows apart) 0.96, groups 2 to 8 0.95-1.02 (group 2 at head_dim 64 0.975,
+ * (HND, or NHD with one KV head: token_stride is head_dim), on Zen 5
+ * (kva__pf_t0). Paired there (family 26 model 2, KVM, 2 threads, out of
+ * cache, both orders; doc/figures.md, fortieth session), T0 at group 1
+ * read f16 1.13-1.15x, bf16 1.10-1.11x and one thread 1.09-1.12x at
+ * head_dim 128, f32 1.01-1.10x, fp8 and int8 1.00-1.02, head_dim 64 and
+ * pages in L3 0.99-1.01; but token-major pages (NHD, a head's rows rows
+ * apart) 0.96, and groups 2 to 8 0.95-1.02 (group 2 at head_dim 64 0.975,
  * NHD 0.95; 3 to 8 0.976-0.986): those keep T1, as every other CPU does
  * (T0 read 0.87 of T1 on Zen 4, 0.90-0.97 on Intel Xeon family 6 model
- * 207). Why group 1 and head-major pages alone gain was not found; the
+ * 207). Why group 1 on head-major pages alone gains was not found; the
  * rule is what was measured.
  */
 bool kva__cursor_t0(const struct kva_kv_desc *kv, int32_t group)

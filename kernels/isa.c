@@ -136,8 +136,8 @@ void kva__avx512_split_force(int yes)
  * 1.03-1.08x at group 2 out of cache (group 1 0.95x with the pages in
  * L2); the seventh and twenty-ninth sessions saw 1.04-1.17x at group 1 on
  * the same CPU. And so does the AVX2 tile's cursor at group 1 on
- * head-major pages (kva__cursor_t0, decode.c: f16 1.15x, fortieth
- * session). The sliced groups (0.96-1.04 at groups 4 to 8) and the AVX2
+ * head-major pages (kva__cursor_t0, decode.c: f16 1.13-1.15x,
+ * fortieth session). The sliced groups (0.96-1.04 at groups 4 to 8) and the AVX2
  * tile's other groups and layouts (0.95-1.02) keep T1; so does every other
  * CPU: T0 read 0.87 of T1 out of cache on Zen 4 and 0.90-0.97 on Intel
  * Xeon family 6 model 207 (README, the tried list). Asked once; a test may
