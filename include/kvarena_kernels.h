@@ -135,9 +135,9 @@ const char *kva_isa_name(enum kva_isa isa);
  * Zen 4 63-64, Zen 3 21-26). Measured at the first call, on the calling
  * thread (the first kva_decode on the AVX2 path makes it): bursts to a
  * MiB of fresh memory, each line timed 5 us later, the median of 16 rounds,
- * about a millisecond. A round also asks for a burst with prefetcht0,
- * whose count stands in where the T1 burst kept none and T0's did (some
- * hosts drop every T1 prefetch for a while). Rounds in which the core kept
+ * about a millisecond. A round whose T1 burst kept none asks for another
+ * with prefetcht0, whose count stands in where it kept some (some hosts
+ * drop every T1 prefetch for a while). Rounds in which the core kept
  * next to none either way do not count (a host's spell, see the README); a
  * probe that saw only those leaves the count unknown, and a call 10 ms
  * later probes again, then 20, 40 ms ... later, 16 probes at most;

@@ -359,12 +359,13 @@ static uint64_t kept_burst(const char *const line[KEPT_BURST], bool t0, uint64_t
  * core whose prefetches are dropped for want of room still keeps its
  * misses in flight (Zen 3: 21-26).
  *
- * Each round also asks for a second burst of fresh lines with T0, whose
- * count stands in where T1's kept none. Some hosts of one CPU (Zen 5,
- * family 26 model 2) drop every prefetcht1 and prefetcht2 while they
- * keep prefetcht0's, in phases: for tens of milliseconds after the
- * machine's memory churns (a process faulting in or writing 16-512 MiB:
- * 7 probes of 8 in a row right after a 512 MiB memset, then none), and
+ * A round whose T1 burst kept none asks for a second burst of fresh lines
+ * with T0, whose count stands in where it kept some. Some hosts of one CPU
+ * (Zen 5, family 26 model 2) drop every prefetcht1 and prefetcht2 while
+ * they keep prefetcht0's, in phases: for tens of milliseconds after
+ * memory is faulted in (7 probes of 8 in a row right after a process
+ * faulted in and wrote 512 MiB, then none; 12 of 12 after it faulted in
+ * another 512 MiB; yet none after it wrote its 512 MiB again), and
  * for minutes at a time on some hosts (the thirty-ninth session's, round
  * after round; the fortieth's, 0-5 probes of 5 in each quarter second
  * over 30 s, where earlier in the session none). T0's count tells the same
@@ -408,17 +409,18 @@ static int32_t measure_kept(void)
 	hot_t = median(hot, KEPT_BURST);
 	limit = (cold_t + hot_t) / 2;
 	for (unsigned k = 0; cold_t >= 2 * hot_t && k < KEPT_TRIES && n < KEPT_ROUNDS; k++) {
-		uint64_t got, got0;
+		uint64_t got;
 
-		/* T1, the cursor's hint but at group 1 on Zen 5; then T0 */
+		/* T1, the cursor's hint but at group 1 on Zen 5; where it kept
+		 * none, T0 to fresh lines (T1's dropped, T0's kept: no spell) */
 		cold_lines(buf, &rng, line);
 		got = kept_burst(line, false, limit);
-		cold_lines(buf, &rng, line);
-		got0 = kept_burst(line, true, limit);
+		if (got <= KEPT_OFF) {
+			cold_lines(buf, &rng, line);
+			got = kept_burst(line, true, limit);
+		}
 		if (got > KEPT_OFF)
 			kept[n++] = got;
-		else if (got0 > KEPT_OFF) /* T1's dropped, T0's kept: no spell */
-			kept[n++] = got0;
 	}
 	munmap(buf, size);
 	if (cold_t < 2 * hot_t || n < KEPT_ROUNDS / 4)

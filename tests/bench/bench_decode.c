@@ -86,9 +86,8 @@
  *                      hint on most CPUs and shapes; next to 0 on a host
  *                      in a phase that drops them, where the library's
  *                      count is T0's, kva_cpu_prefetch_kept) one thread
- *                      issues back to
- *                      back to lines of those bytes in no cache, how
- *                      many the core kept:
+ *                      issues back to back to lines of those bytes in no
+ *                      cache, how many the core kept:
  *                      their lines are in the cache when it looks, 20 us
  *                      later (bench_readbw_prefetch_kept; median). 64 on a
  *                      core that queues what it cannot start; about its
