@@ -504,6 +504,16 @@ AI void accumulate_part(const struct kva__tile *t, const struct kva__rows *bk, s
  * 1, f16) it read 0.83 of the sweep against 0.80 in two passes, and 0.81
  * against 0.80 in another comparison (medians of 8 alternating runs each):
  * less than the runs' spread, but ahead both times.
+ *
+ * That is the source's shape, not the machine code's: gcc 12 (f16, head_dim
+ * 128) sees nothing else touch hi[] inside the loop, keeps its 8 sums in
+ * registers (still storing them each token), and spills 2 of the first 8
+ * accumulators to the stack instead, so that 2 chains, not 8, go through
+ * memory. A compiler barrier at every token, to make it the shape written
+ * here, read 0.87 of that on one page (Zen 5, family 26 model 2, AVX2,
+ * group 1, 2 threads, paired; doc/figures.md, forty-first session), so the
+ * loop stays as gcc lays it out. Two tokens a step and two passes of half a
+ * row were measured again there: neither gains out of cache (README, tried).
  */
 AI void accumulate_one(const struct kva__tile *t, const struct kva__rows *bk, size_t hoff,
 		       struct kva__pf *pf, float s[][ROW], int g0, int c0, const enum kva_dtype dt,
