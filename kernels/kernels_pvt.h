@@ -192,6 +192,21 @@ static inline void kva__tile_head(const struct kva__tile *t, int32_t i, struct k
 	h->l = t->l + gq;
 }
 
+/* @h, a copy of @t made once (kva__tile_head), set to its @i-th head: the
+ * fields kva__tile_head sets and the AVX-512 tile's head_block moves */
+static inline void kva__tile_head_at(const struct kva__tile *t, int32_t i, struct kva__tile *h)
+{
+	const size_t gq = (size_t)i * (size_t)t->group;
+
+	h->kv_head = t->kv_head + i;
+	h->heads = 1;
+	h->group = t->group;
+	h->q = t->q + (size_t)i * t->q_stride;
+	h->acc = t->acc + gq * (size_t)t->kv->head_dim;
+	h->m = t->m + gq;
+	h->l = t->l + gq;
+}
+
 typedef void (*kva__tile_fn)(const struct kva__tile *t);
 
 /* tile_scalar.c: any dtype, any head_dim */

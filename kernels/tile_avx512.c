@@ -1116,25 +1116,40 @@ AI void rider_turn(struct kva__tile *t, const struct kva__rows *bk, struct kva__
 	kva__pfq_end(&pq);
 }
 
-/* the tile: each KV head's turns by head_block, or (@RW, the W of the
- * riders' block, not 0) by rider_turn with @RX heads riding */
+/*
+ * The tile: each KV head's turns by head_block, or (@RW, the W of the
+ * riders' block, not 0) by rider_turn with @RX heads riding.
+ *
+ * The head's tile (th) is copied from @t once and only its head's fields
+ * set at each turn (kva__tile_head_at). Copied whole at every turn (gcc:
+ * two overlapping 64-byte stores), the reads of its fields just after
+ * stalled at one byte load (th.subgroups: 7% of the tile's samples at
+ * group 1 on one page, Zen 5, no PMU to say why; a wide store that a
+ * narrow load cannot take its bytes from is the likely cause). Paired on
+ * Zen 5 (family 26 model 2, kvarena-ab --isa avx512, 2 threads, both
+ * orders; doc/figures.md, forty-third session), on one page: group 1
+ * 1.06-1.10x as fast, 2 1.04x, 5 1.03x, head_dim 64 1.08x, bf16 1.06x,
+ * f32 1.03x, fp8 1.01x, groups 4 and 8 0.99-1.00; out of cache (memory
+ * bound) 0.99-1.01. The AVX2 tile the same way read 0.98-0.99 on one page
+ * (groups 1, 2, 4 and 8; head_dim 64 1.02) and keeps its copy.
+ */
 AI void tile(const struct kva__tile *t, const enum kva_dtype dt, int NC, const bool ALL,
 	     const int RW, const int RX)
 {
 	const size_t row_bytes = (size_t)NC * 16 * kva__esize(dt);
 	struct kva__blocks b;
+	struct kva__tile th;
 
 	kva__blocks_begin(&b, t, row_bytes,
 			  head_steps(t->group, NC, KVA__BLOCK_TOKENS, kva__esize(dt), ALL, t->subgroups),
 			  true);
+	kva__tile_head(t, 0, &th);
 	for (int32_t tb = t->t0; tb < t->t1; tb += KVA__BLOCK_TOKENS) {
 		const struct kva__rows *bk = kva__blocks_next(&b, t, tb);
 
 		for (int h = 0; h < t->heads; h++) {
-			struct kva__tile th;
-
 			kva__blocks_turn(&b, t, h);
-			kva__tile_head(t, h, &th);
+			kva__tile_head_at(t, h, &th);
 			if (RW)
 				rider_turn(&th, bk, &b.pf, tb, kva__head_offset(t->kv, h), dt, NC,
 					   RW, RX);
