@@ -1123,9 +1123,9 @@ AI void rider_turn(struct kva__tile *t, const struct kva__rows *bk, struct kva__
  * The head's tile (th) is copied from @t once and only its head's fields
  * set at each turn (kva__tile_head_at). Copied whole at every turn (gcc:
  * two overlapping 64-byte stores), the reads of its fields just after
- * stalled at one byte load (th.subgroups: 7% of the tile's samples at
- * group 1 on one page, Zen 5, no PMU to say why; a wide store that a
- * narrow load cannot take its bytes from is the likely cause). Paired on
+ * stalled at one byte load (th.subgroups, in the second store: 7% of the
+ * tile's samples at group 1 on one page, Zen 5; a narrow load waiting for
+ * a wide store to be written fits, with no PMU here to count it). Paired on
  * Zen 5 (family 26 model 2, kvarena-ab --isa avx512, 2 threads, both
  * orders; doc/figures.md, forty-third session), on one page: group 1
  * 1.06-1.10x as fast, 2 1.04x, 5 1.03x, head_dim 64 1.08x, bf16 1.06x,
