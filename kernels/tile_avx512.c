@@ -1129,8 +1129,9 @@ AI void rider_turn(struct kva__tile *t, const struct kva__rows *bk, struct kva__
  * Zen 5 (family 26 model 2, kvarena-ab --isa avx512, 2 threads, both
  * orders; doc/figures.md, forty-third session), on one page: group 1
  * 1.06-1.10x as fast, 2 1.04x, 5 1.03x, head_dim 64 1.08x, bf16 1.06x,
- * f32 1.03x, fp8 1.01x, groups 4 and 8 0.99-1.00; out of cache (memory
- * bound) 0.99-1.01. The AVX2 tile the same way read 0.98-0.99 on one page
+ * f32 1.03x, fp8 1.01x, groups 4 and 8 0.99-1.00; out of cache, where
+ * group 8 is compute bound and the rest memory bound, 0.99-1.01 (groups
+ * 1, 2, 4, 8). The AVX2 tile the same way read 0.98-0.99 on one page
  * (groups 1, 2, 4 and 8; head_dim 64 1.02) and keeps its copy.
  */
 AI void tile(const struct kva__tile *t, const enum kva_dtype dt, int NC, const bool ALL,
