@@ -193,7 +193,9 @@ static inline void kva__tile_head(const struct kva__tile *t, int32_t i, struct k
 }
 
 /* @h, a copy of @t made once (kva__tile_head), set to its @i-th head: the
- * fields kva__tile_head sets and the AVX-512 tile's head_block moves */
+ * fields kva__tile_head sets. A turn over @h (the AVX-512 tile's head_block
+ * and rider_turn) may move group, q, acc, m and l and nothing else, so
+ * that this resets all it moved */
 static inline void kva__tile_head_at(const struct kva__tile *t, int32_t i, struct kva__tile *h)
 {
 	const size_t gq = (size_t)i * (size_t)t->group;
